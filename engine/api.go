@@ -1,0 +1,61 @@
+// Package engine runs many generation requests at once: the scheduler
+// (continuous batching, chunked prefill, preemption), the step loop over
+// the model, and the static-batching baseline.
+package engine
+
+import "pagoda/sample"
+
+// Request is one generation request as the server or CLI submits it.
+// Prompt is already tokenized.
+type Request struct {
+	ID        string
+	Prompt    []int32
+	MaxTokens int // new tokens; 0 means up to the context length
+	N         int // parallel completions sharing the prompt (default 1)
+	Sampling  sample.Params
+
+	StopTokens  []int32  // besides the vocabulary's end-of-generation ids
+	StopStrings []string // matched on the detokenized output; not emitted
+	IgnoreEOS   bool
+	TopLogprobs int // 0 = none; >0: return that many alternatives per token (logprob of chosen always returned when Logprobs)
+	Logprobs    bool
+}
+
+// FinishReason says why a completion ended.
+type FinishReason string
+
+const (
+	FinishNone      FinishReason = ""
+	FinishStop      FinishReason = "stop"   // EOS, stop token or stop string
+	FinishLength    FinishReason = "length" // max tokens or context full
+	FinishCancelled FinishReason = "cancelled"
+	FinishError     FinishReason = "error"
+)
+
+// TokenLogprob is one candidate token and its log-probability.
+type TokenLogprob struct {
+	ID      int32
+	Logprob float32
+}
+
+// Event is one step of output for one completion (Index in [0, N)).
+// Text is the UTF-8-safe text delta (stop strings held back and removed).
+type Event struct {
+	Index   int
+	Tokens  []int32
+	Text    string
+	Logprob []float32        // per token in Tokens, when requested
+	Top     [][]TokenLogprob // per token in Tokens, when TopLogprobs > 0
+	Finish  FinishReason
+	Err     error
+
+	// Set on the final event of the whole request (all N completions done).
+	Usage *Usage
+}
+
+// Usage counts tokens for the OpenAI usage object.
+type Usage struct {
+	PromptTokens     int
+	CompletionTokens int
+	CachedTokens     int // prompt tokens served from the prefix cache
+}

@@ -1,0 +1,3 @@
+module pagoda
+
+go 1.26.8

@@ -1,0 +1,111 @@
+package kernels
+
+import (
+	"math"
+
+	"pagoda/quant"
+)
+
+// MatMul computes out[b*w.Rows+r] = Σ_c W[r,c]·x[b*w.Cols+c] for the batch
+// rows b in [0, batch). The rows of W are split across the pool.
+func MatMul(p *Pool, w *Matrix, x, out []float32, batch int) {
+	matMul(p, w, x, out, batch)
+}
+
+// matMul is replaced by SIMD versions where the CPU allows.
+var matMul = MatMulRef
+
+// MatMulRef is the plain reference: dequantize each weight row once, dot it
+// with every batch row in float32.
+func MatMulRef(p *Pool, w *Matrix, x, out []float32, batch int) {
+	p.For(w.Rows, 16, func(lo, hi int) {
+		row := make([]float32, w.Cols)
+		for r := lo; r < hi; r++ {
+			quant.Dequantize(w.Type, w.Row(r), row)
+			for b := 0; b < batch; b++ {
+				out[b*w.Rows+r] = DotF32(row, x[b*w.Cols:(b+1)*w.Cols])
+			}
+		}
+	})
+}
+
+// DotF32 is Σ a[i]·b[i].
+func DotF32(a, b []float32) float32 {
+	var s float32
+	b = b[:len(a)]
+	for i, v := range a {
+		s += v * b[i]
+	}
+	return s
+}
+
+// RMSNorm writes x / sqrt(mean(x²)+eps) * w into out (w may be nil).
+func RMSNorm(out, x, w []float32, eps float32) {
+	var ss float64
+	for _, v := range x {
+		ss += float64(v) * float64(v)
+	}
+	scale := float32(1 / math.Sqrt(ss/float64(len(x))+float64(eps)))
+	if w == nil {
+		for i, v := range x {
+			out[i] = v * scale
+		}
+		return
+	}
+	for i, v := range x {
+		out[i] = v * scale * w[i]
+	}
+}
+
+// Softmax normalises x in place.
+func Softmax(x []float32) {
+	if len(x) == 0 {
+		return
+	}
+	m := x[0]
+	for _, v := range x[1:] {
+		if v > m {
+			m = v
+		}
+	}
+	var s float32
+	for i, v := range x {
+		e := float32(math.Exp(float64(v - m)))
+		x[i] = e
+		s += e
+	}
+	inv := 1 / s
+	for i := range x {
+		x[i] *= inv
+	}
+}
+
+// SiLUMul writes silu(g)·u into out.
+func SiLUMul(out, g, u []float32) {
+	for i, v := range g {
+		out[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
+	}
+}
+
+// RoPE rotates one head vector x (len headDim) in place at position pos.
+// freqs[i] is the angular frequency of pair i (θ^(-2i/dims), already divided
+// by any rope_freqs factor). neox selects the half-split pairing (i, i+d/2);
+// otherwise pairs are adjacent (2i, 2i+1). Only the first 2·len(freqs)
+// dimensions rotate.
+func RoPE(x []float32, pos int, freqs []float32, neox bool) {
+	n := len(freqs)
+	for i := 0; i < n; i++ {
+		ang := float64(pos) * float64(freqs[i])
+		s, c := math.Sincos(ang)
+		sf, cf := float32(s), float32(c)
+		var a, b int
+		if neox {
+			a, b = i, i+n
+		} else {
+			a, b = 2*i, 2*i+1
+		}
+		x0, x1 := x[a], x[b]
+		x[a] = x0*cf - x1*sf
+		x[b] = x0*sf + x1*cf
+	}
+}
