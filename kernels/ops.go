@@ -30,14 +30,7 @@ func MatMulRef(p *Pool, w *Matrix, x, out []float32, batch int) {
 }
 
 // DotF32 is Σ a[i]·b[i].
-func DotF32(a, b []float32) float32 {
-	var s float32
-	b = b[:len(a)]
-	for i, v := range a {
-		s += v * b[i]
-	}
-	return s
-}
+func DotF32(a, b []float32) float32 { return dotF32(a, b) }
 
 // RMSNorm writes x / sqrt(mean(x²)+eps) * w into out (w may be nil).
 func RMSNorm(out, x, w []float32, eps float32) {
