@@ -1,0 +1,27 @@
+package kvcache
+
+// BlockHash chains the hash of a full block to its parent's: the hash of
+// block i covers every token before it, so equal hashes mean equal
+// prefixes (up to collisions, which lookups rule out by comparing token
+// ids). extra separates caches that must not share blocks even for equal
+// tokens (model, LoRA adapter, multimodal input).
+func BlockHash(parent uint64, tokens []int32, extra uint64) uint64 {
+	const prime = 0x100000001b3
+	h := uint64(0xcbf29ce484222325)
+	h = (h ^ mix(parent)) * prime
+	h = (h ^ mix(extra)) * prime
+	for _, t := range tokens {
+		h = (h ^ uint64(uint32(t))) * prime
+	}
+	return mix(h)
+}
+
+// mix is the splitmix64 finaliser: FNV alone spreads small integers poorly.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}
