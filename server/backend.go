@@ -1,0 +1,65 @@
+// Package server is Pagoda's OpenAI-compatible HTTP front end: request
+// validation, chat templating and tokenization through a Backend, SSE
+// streaming, API-key auth, body limits, /metrics and graceful drain.
+package server
+
+import (
+	"context"
+	"errors"
+
+	"pagoda/engine"
+)
+
+// Backend is everything the server needs from the model and the engine.
+// The server owns this interface so it can be tested with a fake; the
+// command wires an adapter over the engine, the tokenizer and package jinja.
+type Backend interface {
+	ModelName() string
+	ContextLen() int
+	// Tokenize encodes text; addSpecial adds BOS (and EOS) as the vocabulary
+	// says.
+	Tokenize(text string, addSpecial bool) []int32
+	Detokenize(ids []int32) string
+	// TokenText is the text of one token for logprobs "token" fields. A
+	// token that is not valid UTF-8 on its own is written "bytes:\xNN…" as
+	// OpenAI does.
+	TokenText(id int32) string
+	// ApplyChat renders msgs with the model's chat template; extra carries
+	// template variables such as "tools". An error becomes a 400.
+	ApplyChat(msgs []ChatMessage, addGenerationPrompt bool, extra map[string]any) (string, error)
+	// Submit starts a request. Cancelling ctx cancels it. The channel is
+	// closed after the event that carries Usage.
+	Submit(ctx context.Context, r *engine.Request) (<-chan engine.Event, error)
+}
+
+// VocabSizer is optionally implemented by a Backend so that token ids in
+// prompts, logit_bias and stop_token_ids are range-checked here (400)
+// rather than deep in the engine.
+type VocabSizer interface {
+	VocabSize() int
+}
+
+// ChatMessage is one message handed to the chat template. Content is
+// already flattened to text (text parts joined by "\n").
+type ChatMessage struct {
+	Role       string `json:"role"`
+	Content    string `json:"content"`
+	Name       string `json:"name,omitempty"`
+	ToolCalls  []any  `json:"tool_calls,omitempty"` // passed through unparsed
+	ToolCallID string `json:"tool_call_id,omitempty"`
+}
+
+// Errors a Backend (or the engine behind it) may return from Submit, wrapped
+// or not, to select the HTTP status. engine.ErrQueueFull is recognised too
+// once the engine defines it; an adapter can wrap it with ErrQueueFull.
+var (
+	ErrQueueFull = errors.New("server: queue full")       // → 429
+	ErrTooLong   = errors.New("server: request too long") // → 400
+	ErrBadInput  = errors.New("server: invalid request")  // → 400
+)
+
+// StatusError lets an error choose its own HTTP status.
+type StatusError interface {
+	error
+	HTTPStatus() int
+}

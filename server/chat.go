@@ -1,0 +1,397 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strings"
+	"time"
+
+	"pagoda/engine"
+)
+
+type chatRequest struct {
+	commonParams
+	Messages             []chatMessageIn `json:"messages"`
+	Logprobs             bool            `json:"logprobs"`
+	TopLogprobs          *int            `json:"top_logprobs"`
+	ResponseFormat       *responseFormat `json:"response_format"`
+	Tools                []any           `json:"tools"`
+	ToolChoice           json.RawMessage `json:"tool_choice"`
+	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
+	ContinueFinalMessage bool            `json:"continue_final_message"`
+	AddSpecialTokens     bool            `json:"add_special_tokens"`
+	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+}
+
+type responseFormat struct {
+	Type string `json:"type"`
+}
+
+type chatMessageIn struct {
+	Role       string          `json:"role"`
+	Content    json.RawMessage `json:"content"`
+	Name       string          `json:"name"`
+	ToolCalls  []any           `json:"tool_calls"`
+	ToolCallID string          `json:"tool_call_id"`
+}
+
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// flattenMessages validates the messages and turns content parts into
+// plain text for the template.
+func flattenMessages(in []chatMessageIn) ([]ChatMessage, *apiError) {
+	if len(in) == 0 {
+		return nil, badRequest("messages", "messages must be a non-empty list")
+	}
+	out := make([]ChatMessage, len(in))
+	for i, m := range in {
+		switch m.Role {
+		case "system", "user", "assistant", "tool":
+		case "developer":
+			// OpenAI's newer name for system; templates only know system.
+			m.Role = "system"
+		case "":
+			return nil, badRequest("messages", "messages[%d].role is required", i)
+		default:
+			return nil, badRequest("messages", "messages[%d].role %q is not one of system, developer, user, assistant, tool", i, m.Role)
+		}
+		cm := ChatMessage{Role: m.Role, Name: m.Name, ToolCalls: m.ToolCalls, ToolCallID: m.ToolCallID}
+		raw := bytes.TrimSpace(m.Content)
+		switch {
+		case len(raw) == 0 || string(raw) == "null":
+			if m.Role != "assistant" {
+				return nil, badRequest("messages", "messages[%d].content is required", i)
+			}
+		case raw[0] == '"':
+			if err := json.Unmarshal(raw, &cm.Content); err != nil {
+				return nil, badRequest("messages", "messages[%d].content: %v", i, err)
+			}
+		case raw[0] == '[':
+			var parts []contentPart
+			if err := json.Unmarshal(raw, &parts); err != nil {
+				return nil, badRequest("messages", "messages[%d].content must be a string or a list of content parts", i)
+			}
+			texts := make([]string, 0, len(parts))
+			for j, p := range parts {
+				if p.Type != "text" {
+					return nil, badRequest("messages", "messages[%d].content[%d]: content part type %q is not supported (text only)", i, j, p.Type)
+				}
+				texts = append(texts, p.Text)
+			}
+			cm.Content = strings.Join(texts, "\n")
+		default:
+			return nil, badRequest("messages", "messages[%d].content must be a string or a list of content parts", i)
+		}
+		out[i] = cm
+	}
+	return out, nil
+}
+
+// chatPrompt renders and tokenizes the conversation.
+func (s *Server) chatPrompt(msgs []chatMessageIn, addGen *bool, tools []any, kwargs map[string]any, addSpecial bool) ([]int32, *apiError) {
+	cms, ae := flattenMessages(msgs)
+	if ae != nil {
+		return nil, ae
+	}
+	extra := make(map[string]any, len(kwargs)+1)
+	for k, v := range kwargs {
+		extra[k] = v
+	}
+	if len(tools) > 0 {
+		extra["tools"] = tools
+	}
+	gen := true
+	if addGen != nil {
+		gen = *addGen
+	}
+	text, err := s.b.ApplyChat(cms, gen, extra)
+	if err != nil {
+		return nil, badRequest("messages", "applying the chat template: %v", err)
+	}
+	ids := s.b.Tokenize(text, addSpecial)
+	if len(ids) == 0 {
+		return nil, badRequest("messages", "the rendered chat prompt is empty")
+	}
+	return ids, nil
+}
+
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+	var req chatRequest
+	if ae := decodeBody(r, &req); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if ae := s.checkModel(req.Model); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	lim := s.limits()
+	base, ae := req.toEngine(lim)
+	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if req.TopLogprobs != nil {
+		if !req.Logprobs {
+			writeAPIError(w, badRequest("top_logprobs", "top_logprobs requires logprobs to be true"))
+			return
+		}
+		if *req.TopLogprobs < 0 || *req.TopLogprobs > lim.maxLogprobs {
+			writeAPIError(w, badRequest("top_logprobs", "top_logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.TopLogprobs))
+			return
+		}
+		base.TopLogprobs = *req.TopLogprobs
+	}
+	base.Logprobs = req.Logprobs
+	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
+		writeAPIError(w, badRequest("response_format", "response_format type %q is not supported (text only)", req.ResponseFormat.Type))
+		return
+	}
+	if req.ContinueFinalMessage {
+		writeAPIError(w, badRequest("continue_final_message", "continue_final_message is not supported"))
+		return
+	}
+	tools := req.Tools
+	if tc := bytes.TrimSpace(req.ToolChoice); len(tc) > 0 && string(tc) != "null" {
+		var choice string
+		_ = json.Unmarshal(tc, &choice)
+		switch choice {
+		case "none":
+			tools = nil
+		case "auto":
+		default:
+			// Forcing a tool needs constrained decoding and a tool-call
+			// parser; tools only reach the template.
+			writeAPIError(w, badRequest("tool_choice", "tool_choice other than \"auto\" or \"none\" is not supported"))
+			return
+		}
+	}
+	prompt, ae := s.chatPrompt(req.Messages, req.AddGenerationPrompt, tools, req.ChatTemplateKwargs, req.AddSpecialTokens)
+	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	id := newID("chatcmpl-")
+	er := *base
+	er.ID, er.Prompt = id, prompt
+	if ae := s.setMaxTokens(&er, &req.commonParams, 0, "max_tokens"); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+
+	if !s.admit(w) {
+		return
+	}
+	defer s.release()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	reqs := []*engine.Request{&er}
+	events, err := s.submitAll(ctx, cancel, reqs)
+	if err != nil {
+		writeAPIError(w, toAPIError(err))
+		return
+	}
+	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs)}
+	if req.Stream {
+		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	} else {
+		c.collect(ctx, w, events)
+	}
+}
+
+type chatRun struct {
+	s        *Server
+	id       string
+	created  int64
+	n        int
+	logprobs bool
+	usage    *usageSum
+}
+
+type chatLogprobs struct {
+	Content []chatLogprob `json:"content"`
+	Refusal any           `json:"refusal"`
+}
+
+type chatLogprob struct {
+	Token       string    `json:"token"`
+	Logprob     float64   `json:"logprob"`
+	Bytes       []int     `json:"bytes"`
+	TopLogprobs []chatTop `json:"top_logprobs"`
+}
+
+type chatTop struct {
+	Token   string  `json:"token"`
+	Logprob float64 `json:"logprob"`
+	Bytes   []int   `json:"bytes"`
+}
+
+type chatMessageOut struct {
+	Role    string `json:"role"`
+	Content string `json:"content"`
+	Refusal any    `json:"refusal"`
+}
+
+type chatChoice struct {
+	Index        int            `json:"index"`
+	Message      chatMessageOut `json:"message"`
+	Logprobs     *chatLogprobs  `json:"logprobs"`
+	FinishReason any            `json:"finish_reason"`
+}
+
+type chatResponse struct {
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	SystemFingerprint string       `json:"system_fingerprint"`
+	Choices           []chatChoice `json:"choices"`
+	Usage             *usageJSON   `json:"usage"`
+}
+
+type chatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+type chatChunkChoice struct {
+	Index        int           `json:"index"`
+	Delta        chatDelta     `json:"delta"`
+	Logprobs     *chatLogprobs `json:"logprobs"`
+	FinishReason any           `json:"finish_reason"`
+}
+
+type chatChunk struct {
+	ID                string            `json:"id"`
+	Object            string            `json:"object"`
+	Created           int64             `json:"created"`
+	Model             string            `json:"model"`
+	SystemFingerprint string            `json:"system_fingerprint"`
+	Choices           []chatChunkChoice `json:"choices"`
+}
+
+type chatChunkUsage struct {
+	chatChunk
+	Usage *usageJSON `json:"usage"`
+}
+
+func (c *chatRun) toLogprobs(entries []lpEntry) []chatLogprob {
+	out := make([]chatLogprob, len(entries))
+	for i, e := range entries {
+		text := c.s.b.TokenText(e.id)
+		out[i] = chatLogprob{Token: text, Logprob: clampLP(e.lp), Bytes: tokenBytes(text), TopLogprobs: make([]chatTop, len(e.top))}
+		for j, t := range e.top {
+			tt := c.s.b.TokenText(t.ID)
+			out[i].TopLogprobs[j] = chatTop{Token: tt, Logprob: clampLP(t.Logprob), Bytes: tokenBytes(tt)}
+		}
+	}
+	return out
+}
+
+func (c *chatRun) collect(ctx context.Context, w http.ResponseWriter, events <-chan tagged) {
+	texts := make([]strings.Builder, c.n)
+	finish := make([]engine.FinishReason, c.n)
+	lps := make([]*chatLogprobs, c.n)
+	if c.logprobs {
+		for i := range lps {
+			lps[i] = &chatLogprobs{Content: []chatLogprob{}}
+		}
+	}
+	for t := range events {
+		if t.ev.Err != nil {
+			writeAPIError(w, toAPIError(t.ev.Err))
+			return
+		}
+		c.usage.add(t)
+		i := t.ev.Index
+		if i < 0 || i >= c.n {
+			continue
+		}
+		texts[i].WriteString(t.ev.Text)
+		if c.logprobs {
+			lps[i].Content = append(lps[i].Content, c.toLogprobs(eventLogprobs(&t.ev))...)
+		}
+		if t.ev.Finish != engine.FinishNone {
+			finish[i] = t.ev.Finish
+		}
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	resp := chatResponse{ID: c.id, Object: "chat.completion", Created: c.created, Model: c.s.b.ModelName(),
+		SystemFingerprint: c.s.fp, Usage: c.usage.json()}
+	for i := range c.n {
+		f := finish[i]
+		if f == engine.FinishNone {
+			f = engine.FinishStop
+		}
+		resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: texts[i].String()},
+			Logprobs: lps[i], FinishReason: finishString(f)})
+	}
+	writeJSON(w, resp)
+}
+
+func (c *chatRun) chunk(choices []chatChunkChoice, withUsage bool) any {
+	ch := chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created, Model: c.s.b.ModelName(),
+		SystemFingerprint: c.s.fp, Choices: choices}
+	if withUsage {
+		return chatChunkUsage{chatChunk: ch}
+	}
+	return ch
+}
+
+func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-chan tagged, includeUsage bool) {
+	out := newSSE(w)
+	empty := ""
+	for i := range c.n {
+		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}}, includeUsage))
+	}
+	for {
+		var t tagged
+		var ok bool
+		select {
+		case t, ok = <-events:
+		case <-ctx.Done():
+			return
+		}
+		if !ok {
+			break
+		}
+		if t.ev.Err != nil {
+			out.send(toAPIError(t.ev.Err))
+			out.done()
+			return
+		}
+		c.usage.add(t)
+		i := t.ev.Index
+		if i < 0 || i >= c.n {
+			continue
+		}
+		var lp *chatLogprobs
+		if c.logprobs && len(t.ev.Tokens) > 0 {
+			lp = &chatLogprobs{Content: c.toLogprobs(eventLogprobs(&t.ev))}
+		}
+		if t.ev.Text == "" && lp == nil && t.ev.Finish == engine.FinishNone {
+			continue
+		}
+		var d chatDelta
+		if t.ev.Text != "" || lp != nil {
+			text := t.ev.Text
+			d.Content = &text
+		}
+		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: d, Logprobs: lp, FinishReason: finishString(t.ev.Finish)}}, includeUsage))
+		if out.failed {
+			return
+		}
+	}
+	if includeUsage {
+		out.send(chatChunkUsage{chatChunk: chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created,
+			Model: c.s.b.ModelName(), SystemFingerprint: c.s.fp, Choices: []chatChunkChoice{}}, Usage: c.usage.json()})
+	}
+	out.done()
+}

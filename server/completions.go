@@ -1,0 +1,382 @@
+package server
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"pagoda/engine"
+)
+
+type completionRequest struct {
+	commonParams
+	Prompt           json.RawMessage `json:"prompt"`
+	Suffix           *string         `json:"suffix"`
+	Echo             bool            `json:"echo"`
+	Logprobs         *int            `json:"logprobs"`
+	AddSpecialTokens *bool           `json:"add_special_tokens"`
+}
+
+// promptItem is one prompt of a completions request.
+type promptItem struct {
+	text    string // as given, or "" for token prompts
+	ids     []int32
+	hasText bool
+}
+
+// parsePrompt accepts a string, a list of strings, a list of token ids or
+// a list of such lists.
+func parsePrompt(raw json.RawMessage) ([]promptItem, *apiError) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, badRequest("prompt", "prompt is required")
+	}
+	var one string
+	if json.Unmarshal(raw, &one) == nil {
+		return []promptItem{{text: one, hasText: true}}, nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, badRequest("prompt", "prompt must be a string, a list of strings, a list of token ids or a list of token-id lists")
+	}
+	if len(list) == 0 {
+		return nil, badRequest("prompt", "prompt must not be an empty list")
+	}
+	var ids []int32
+	if json.Unmarshal(raw, &ids) == nil {
+		return []promptItem{{ids: ids}}, nil
+	}
+	out := make([]promptItem, 0, len(list))
+	for i, el := range list {
+		var s string
+		if json.Unmarshal(el, &s) == nil {
+			out = append(out, promptItem{text: s, hasText: true})
+			continue
+		}
+		var ids []int32
+		if err := json.Unmarshal(el, &ids); err != nil {
+			return nil, badRequest("prompt", "prompt[%d] must be a string or a list of token ids", i)
+		}
+		if len(ids) == 0 {
+			return nil, badRequest("prompt", "prompt[%d] is an empty token list", i)
+		}
+		out = append(out, promptItem{ids: ids})
+	}
+	return out, nil
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+	var req completionRequest
+	if ae := decodeBody(r, &req); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if ae := s.checkModel(req.Model); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		writeAPIError(w, badRequest("suffix", "suffix is not supported"))
+		return
+	}
+	lim := s.limits()
+	base, ae := req.toEngine(lim)
+	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if req.Logprobs != nil {
+		if *req.Logprobs < 0 || *req.Logprobs > lim.maxLogprobs {
+			writeAPIError(w, badRequest("logprobs", "logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.Logprobs))
+			return
+		}
+		if req.Echo {
+			// Echo with logprobs asks for prompt logprobs, which the engine
+			// does not compute; refusing beats returning nulls silently.
+			writeAPIError(w, badRequest("echo", "echo together with logprobs (prompt logprobs) is not supported"))
+			return
+		}
+		base.Logprobs, base.TopLogprobs = true, *req.Logprobs
+	}
+	prompts, ae := parsePrompt(req.Prompt)
+	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	addSpecial := true
+	if req.AddSpecialTokens != nil {
+		addSpecial = *req.AddSpecialTokens
+	}
+	id := newID("cmpl-")
+	reqs := make([]*engine.Request, len(prompts))
+	for i := range prompts {
+		p := &prompts[i]
+		if p.hasText {
+			p.ids = s.b.Tokenize(p.text, addSpecial)
+		} else {
+			if ae := s.checkPromptIDs(p.ids, "prompt"); ae != nil {
+				writeAPIError(w, ae)
+				return
+			}
+			if req.Echo {
+				p.text = s.b.Detokenize(p.ids)
+			}
+		}
+		if len(p.ids) == 0 {
+			writeAPIError(w, badRequest("prompt", "prompt %d is empty after tokenization", i))
+			return
+		}
+		er := *base
+		er.ID = id
+		if len(prompts) > 1 {
+			er.ID = id + "-" + strconv.Itoa(i)
+		}
+		er.Prompt = p.ids
+		if ae := s.setMaxTokens(&er, &req.commonParams, 16, "max_tokens"); ae != nil {
+			ae.Param = strings.Replace(ae.Param, "messages", "prompt", 1)
+			writeAPIError(w, ae)
+			return
+		}
+		reqs[i] = &er
+	}
+
+	if !s.admit(w) {
+		return
+	}
+	defer s.release()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	events, err := s.submitAll(ctx, cancel, reqs)
+	if err != nil {
+		writeAPIError(w, toAPIError(err))
+		return
+	}
+	c := &completionRun{s: s, id: id, created: time.Now().Unix(), n: base.N, prompts: prompts,
+		echo: req.Echo, logprobs: base.Logprobs, usage: newUsageSum(reqs)}
+	if req.Stream {
+		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	} else {
+		c.collect(ctx, w, events)
+	}
+}
+
+type completionRun struct {
+	s        *Server
+	id       string
+	created  int64
+	n        int
+	prompts  []promptItem
+	echo     bool
+	logprobs bool
+	usage    *usageSum
+}
+
+type completionChoice struct {
+	Index        int                 `json:"index"`
+	Text         string              `json:"text"`
+	Logprobs     *completionLogprobs `json:"logprobs"`
+	FinishReason any                 `json:"finish_reason"`
+}
+
+type completionLogprobs struct {
+	Tokens        []string     `json:"tokens"`
+	TokenLogprobs []float64    `json:"token_logprobs"`
+	TopLogprobs   []orderedMap `json:"top_logprobs"`
+	TextOffset    []int        `json:"text_offset"`
+}
+
+type completionResponse struct {
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	SystemFingerprint string             `json:"system_fingerprint"`
+	Choices           []completionChoice `json:"choices"`
+	Usage             *usageJSON         `json:"usage,omitempty"`
+}
+
+// streamUsage marshals "usage": null on every chunk when include_usage is
+// on, as OpenAI does, and omits it otherwise.
+type completionChunk struct {
+	completionResponse
+	Usage *usageJSON `json:"usage"`
+}
+
+// orderedMap is a JSON object that keeps its keys in insertion order
+// (most likely first), like the dicts vLLM returns.
+type orderedMap []kv
+
+type kv struct {
+	k string
+	v float64
+}
+
+func (m orderedMap) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	for i, e := range m {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, _ := json.Marshal(e.k)
+		b.Write(k)
+		b.WriteByte(':')
+		b.WriteString(strconv.FormatFloat(e.v, 'g', -1, 64))
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// addLogprobs appends entries to lp, advancing the character offset.
+func (c *completionRun) addLogprobs(lp *completionLogprobs, entries []lpEntry, offset *int) {
+	for _, e := range entries {
+		text := c.s.b.TokenText(e.id)
+		lp.Tokens = append(lp.Tokens, text)
+		lp.TokenLogprobs = append(lp.TokenLogprobs, clampLP(e.lp))
+		top := make(orderedMap, 0, len(e.top)+1)
+		seen := make(map[string]bool, len(e.top)+1)
+		for _, t := range e.top {
+			tt := c.s.b.TokenText(t.ID)
+			if !seen[tt] {
+				seen[tt] = true
+				top = append(top, kv{tt, clampLP(t.Logprob)})
+			}
+		}
+		if !seen[text] {
+			top = append(top, kv{text, clampLP(e.lp)})
+		}
+		lp.TopLogprobs = append(lp.TopLogprobs, top)
+		lp.TextOffset = append(lp.TextOffset, *offset)
+		*offset += tokenRunes(text)
+	}
+}
+
+// tokenRunes is how many characters a token adds to the text; a partial
+// UTF-8 byte counts as one, as Python's decode with replacement would.
+func tokenRunes(text string) int {
+	if strings.HasPrefix(text, "bytes:") {
+		var raw []byte
+		for _, b := range tokenBytes(text) {
+			raw = append(raw, byte(b))
+		}
+		return utf8.RuneCount(raw)
+	}
+	return runeLen(text)
+}
+
+func (c *completionRun) collect(ctx context.Context, w http.ResponseWriter, events <-chan tagged) {
+	nc := len(c.prompts) * c.n
+	texts := make([]strings.Builder, nc)
+	finish := make([]engine.FinishReason, nc)
+	lps := make([]*completionLogprobs, nc)
+	offsets := make([]int, nc)
+	for i := range nc {
+		if c.echo {
+			texts[i].WriteString(c.prompts[i/c.n].text)
+			offsets[i] = runeLen(c.prompts[i/c.n].text)
+		}
+		if c.logprobs {
+			lps[i] = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []orderedMap{}, TextOffset: []int{}}
+		}
+	}
+	for t := range events {
+		if t.ev.Err != nil {
+			writeAPIError(w, toAPIError(t.ev.Err))
+			return
+		}
+		c.usage.add(t)
+		i := t.sub*c.n + t.ev.Index
+		if t.ev.Index < 0 || t.ev.Index >= c.n {
+			continue
+		}
+		texts[i].WriteString(t.ev.Text)
+		if c.logprobs {
+			c.addLogprobs(lps[i], eventLogprobs(&t.ev), &offsets[i])
+		}
+		if t.ev.Finish != engine.FinishNone {
+			finish[i] = t.ev.Finish
+		}
+	}
+	if ctx.Err() != nil {
+		return // the client is gone
+	}
+	resp := completionResponse{ID: c.id, Object: "text_completion", Created: c.created,
+		Model: c.s.b.ModelName(), SystemFingerprint: c.s.fp, Usage: c.usage.json()}
+	for i := range nc {
+		f := finish[i]
+		if f == engine.FinishNone {
+			f = engine.FinishStop
+		}
+		resp.Choices = append(resp.Choices, completionChoice{Index: i, Text: texts[i].String(),
+			Logprobs: lps[i], FinishReason: finishString(f)})
+	}
+	writeJSON(w, resp)
+}
+
+func (c *completionRun) chunk(choices []completionChoice, withUsage bool) any {
+	ch := completionChunk{completionResponse: completionResponse{ID: c.id, Object: "text_completion",
+		Created: c.created, Model: c.s.b.ModelName(), SystemFingerprint: c.s.fp, Choices: choices}}
+	if !withUsage {
+		return ch.completionResponse
+	}
+	return ch
+}
+
+func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, events <-chan tagged, includeUsage bool) {
+	out := newSSE(w)
+	nc := len(c.prompts) * c.n
+	offsets := make([]int, nc)
+	if c.echo {
+		for i := range nc {
+			p := c.prompts[i/c.n].text
+			offsets[i] = runeLen(p)
+			out.send(c.chunk([]completionChoice{{Index: i, Text: p}}, includeUsage))
+		}
+	}
+	for {
+		var t tagged
+		var ok bool
+		select {
+		case t, ok = <-events:
+		case <-ctx.Done():
+			return
+		}
+		if !ok {
+			break
+		}
+		if t.ev.Err != nil {
+			out.send(toAPIError(t.ev.Err))
+			out.done()
+			return
+		}
+		c.usage.add(t)
+		if t.ev.Index < 0 || t.ev.Index >= c.n {
+			continue
+		}
+		i := t.sub*c.n + t.ev.Index
+		var lp *completionLogprobs
+		if c.logprobs && len(t.ev.Tokens) > 0 {
+			lp = &completionLogprobs{}
+			c.addLogprobs(lp, eventLogprobs(&t.ev), &offsets[i])
+		}
+		if t.ev.Text == "" && lp == nil && t.ev.Finish == engine.FinishNone {
+			continue
+		}
+		out.send(c.chunk([]completionChoice{{Index: i, Text: t.ev.Text, Logprobs: lp,
+			FinishReason: finishString(t.ev.Finish)}}, includeUsage))
+		if out.failed {
+			return
+		}
+	}
+	if includeUsage {
+		out.send(completionChunk{completionResponse: completionResponse{ID: c.id, Object: "text_completion",
+			Created: c.created, Model: c.s.b.ModelName(), SystemFingerprint: c.s.fp, Choices: []completionChoice{}},
+			Usage: c.usage.json()})
+	}
+	out.done()
+}

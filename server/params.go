@@ -1,0 +1,231 @@
+package server
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+
+	"pagoda/engine"
+	"pagoda/sample"
+)
+
+// commonParams are the request fields shared by both generation endpoints.
+type commonParams struct {
+	Model               string             `json:"model"`
+	MaxTokens           *int               `json:"max_tokens"`
+	MaxCompletionTokens *int               `json:"max_completion_tokens"`
+	Temperature         *float64           `json:"temperature"`
+	TopP                *float64           `json:"top_p"`
+	TopK                *int               `json:"top_k"`
+	MinP                *float64           `json:"min_p"`
+	RepetitionPenalty   *float64           `json:"repetition_penalty"`
+	FrequencyPenalty    *float64           `json:"frequency_penalty"`
+	PresencePenalty     *float64           `json:"presence_penalty"`
+	Seed                *int64             `json:"seed"`
+	Stop                json.RawMessage    `json:"stop"`
+	StopTokenIDs        []int64            `json:"stop_token_ids"`
+	N                   *int               `json:"n"`
+	BestOf              *int               `json:"best_of"`
+	IgnoreEOS           bool               `json:"ignore_eos"`
+	LogitBias           map[string]float64 `json:"logit_bias"`
+	Stream              bool               `json:"stream"`
+	StreamOptions       *streamOptions     `json:"stream_options"`
+	User                string             `json:"user"` // accepted and ignored
+}
+
+type streamOptions struct {
+	IncludeUsage bool `json:"include_usage"`
+}
+
+// limits the validation needs from the server.
+type limits struct {
+	maxN, maxLogprobs, vocab int
+}
+
+func (s *Server) limits() limits {
+	l := limits{maxN: s.o.MaxN, maxLogprobs: s.o.MaxLogprobs}
+	if v, ok := s.b.(VocabSizer); ok {
+		l.vocab = v.VocabSize()
+	}
+	return l
+}
+
+func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
+
+// toEngine validates the shared fields and fills the engine request (all
+// but the prompt and max tokens). defaultTemp is OpenAI's default, 1.
+func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
+	r := &engine.Request{N: 1, IgnoreEOS: p.IgnoreEOS}
+	sp := sample.Params{Temperature: 1}
+	if p.Temperature != nil {
+		t := *p.Temperature
+		if !finite(t) || t < 0 || t > 2 {
+			return nil, badRequest("temperature", "temperature must be in [0, 2], got %v", t)
+		}
+		sp.Temperature = float32(t)
+	}
+	if p.TopP != nil {
+		t := *p.TopP
+		if !finite(t) || t <= 0 || t > 1 {
+			return nil, badRequest("top_p", "top_p must be in (0, 1], got %v", t)
+		}
+		sp.TopP = float32(t)
+	}
+	if p.TopK != nil {
+		k := *p.TopK
+		if k < -1 {
+			return nil, badRequest("top_k", "top_k must be -1 (off), 0 (off) or at least 1, got %d", k)
+		}
+		sp.TopK = max(k, 0)
+	}
+	if p.MinP != nil {
+		m := *p.MinP
+		if !finite(m) || m < 0 || m > 1 {
+			return nil, badRequest("min_p", "min_p must be in [0, 1], got %v", m)
+		}
+		sp.MinP = float32(m)
+	}
+	if p.RepetitionPenalty != nil {
+		rp := *p.RepetitionPenalty
+		if !finite(rp) || rp <= 0 || rp > 2 {
+			return nil, badRequest("repetition_penalty", "repetition_penalty must be in (0, 2], got %v", rp)
+		}
+		sp.RepetitionPenalty = float32(rp)
+	}
+	if p.FrequencyPenalty != nil {
+		f := *p.FrequencyPenalty
+		if !finite(f) || f < -2 || f > 2 {
+			return nil, badRequest("frequency_penalty", "frequency_penalty must be in [-2, 2], got %v", f)
+		}
+		sp.FrequencyPenalty = float32(f)
+	}
+	if p.PresencePenalty != nil {
+		f := *p.PresencePenalty
+		if !finite(f) || f < -2 || f > 2 {
+			return nil, badRequest("presence_penalty", "presence_penalty must be in [-2, 2], got %v", f)
+		}
+		sp.PresencePenalty = float32(f)
+	}
+	if p.Seed != nil {
+		sp.Seed, sp.HasSeed = uint64(*p.Seed), true
+	}
+	if len(p.LogitBias) > 0 {
+		sp.LogitBias = make(map[int32]float32, len(p.LogitBias))
+		for k, v := range p.LogitBias {
+			id, err := strconv.ParseInt(k, 10, 32)
+			if err != nil || id < 0 || (l.vocab > 0 && id >= int64(l.vocab)) {
+				return nil, badRequest("logit_bias", "logit_bias key %q is not a token id%s", k, vocabHint(l.vocab))
+			}
+			if !finite(v) || v < -100 || v > 100 {
+				return nil, badRequest("logit_bias", "logit_bias value for token %s must be in [-100, 100], got %v", k, v)
+			}
+			sp.LogitBias[int32(id)] = float32(v)
+		}
+	}
+	r.Sampling = sp
+
+	if p.N != nil {
+		if *p.N < 1 || *p.N > l.maxN {
+			return nil, badRequest("n", "n must be in [1, %d], got %d", l.maxN, *p.N)
+		}
+		r.N = *p.N
+	}
+	if p.BestOf != nil && *p.BestOf != r.N {
+		return nil, badRequest("best_of", "best_of other than n is not supported")
+	}
+	stops, ae := parseStop(p.Stop)
+	if ae != nil {
+		return nil, ae
+	}
+	r.StopStrings = stops
+	for _, id := range p.StopTokenIDs {
+		if id < 0 || id > math.MaxInt32 || (l.vocab > 0 && id >= int64(l.vocab)) {
+			return nil, badRequest("stop_token_ids", "stop_token_ids: %d is not a token id%s", id, vocabHint(l.vocab))
+		}
+		r.StopTokens = append(r.StopTokens, int32(id))
+	}
+	if p.StreamOptions != nil && !p.Stream {
+		return nil, badRequest("stream_options", "stream_options is only allowed when stream is true")
+	}
+	return r, nil
+}
+
+func vocabHint(vocab int) string {
+	if vocab > 0 {
+		return " in [0, " + strconv.Itoa(vocab) + ")"
+	}
+	return ""
+}
+
+func parseStop(raw json.RawMessage) ([]string, *apiError) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	var one string
+	if err := json.Unmarshal(raw, &one); err == nil {
+		if one == "" {
+			return nil, nil
+		}
+		return []string{one}, nil
+	}
+	var many []string
+	if err := json.Unmarshal(raw, &many); err != nil {
+		return nil, badRequest("stop", "stop must be a string or a list of strings")
+	}
+	out := many[:0]
+	for _, s := range many {
+		if s != "" {
+			out = append(out, s)
+		}
+	}
+	return out, nil
+}
+
+// setMaxTokens checks the prompt and the requested completion length
+// against the context and fills r.MaxTokens. def is the default when the
+// client gave none (<= 0: whatever room the context leaves).
+func (s *Server) setMaxTokens(r *engine.Request, p *commonParams, def int, field string) *apiError {
+	want := def
+	var asked *int
+	if p.MaxCompletionTokens != nil {
+		asked, field = p.MaxCompletionTokens, "max_completion_tokens"
+	} else if p.MaxTokens != nil {
+		asked, field = p.MaxTokens, "max_tokens"
+	}
+	if asked != nil {
+		if *asked < 1 {
+			return badRequest(field, "%s must be at least 1, got %d", field, *asked)
+		}
+		want = *asked
+	}
+	ctxLen := s.b.ContextLen()
+	np := len(r.Prompt)
+	if ctxLen > 0 {
+		if np >= ctxLen {
+			return &apiError{Status: 400, Type: "invalid_request_error", Param: "messages", Code: "context_length_exceeded",
+				Message: "This model's maximum context length is " + strconv.Itoa(ctxLen) + " tokens. However, your prompt has " +
+					strconv.Itoa(np) + " tokens, which leaves no room for the completion. Please reduce the length of the prompt."}
+		}
+		if asked != nil && np+want > ctxLen {
+			return &apiError{Status: 400, Type: "invalid_request_error", Param: field, Code: "context_length_exceeded",
+				Message: "This model's maximum context length is " + strconv.Itoa(ctxLen) + " tokens. However, you requested " +
+					strconv.Itoa(np+want) + " tokens (" + strconv.Itoa(np) + " in the prompt, " + strconv.Itoa(want) +
+					" in the completion). Please reduce the length of the prompt or the completion."}
+		}
+		if want <= 0 || np+want > ctxLen {
+			want = ctxLen - np
+		}
+	}
+	r.MaxTokens = max(want, 0)
+	return nil
+}
+
+func (s *Server) checkPromptIDs(ids []int32, field string) *apiError {
+	l := s.limits()
+	for _, id := range ids {
+		if id < 0 || (l.vocab > 0 && int(id) >= l.vocab) {
+			return badRequest(field, "%s: token id %d out of range%s", field, id, vocabHint(l.vocab))
+		}
+	}
+	return nil
+}

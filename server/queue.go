@@ -1,0 +1,7 @@
+package server
+
+import "errors"
+
+func isQueueFull(err error) bool {
+	return errors.Is(err, ErrQueueFull)
+}

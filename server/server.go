@@ -1,0 +1,374 @@
+package server
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Options configure a Server. The zero value is usable.
+type Options struct {
+	// APIKey, when set, is required as "Authorization: Bearer <key>" on
+	// /v1/*, /tokenize and /detokenize (health, version and metrics stay
+	// open, as in vLLM).
+	APIKey string
+	// Registry is served at /metrics and receives the server's own HTTP
+	// metrics (pagoda:http_*). nil: no /metrics.
+	Registry *prometheus.Registry
+	// MaxQueue caps generation requests in flight (admitted, not finished);
+	// beyond it the server answers 429. 0 = no cap here (the engine may
+	// still refuse with a queue-full error).
+	MaxQueue int
+	// MaxBodyBytes limits request bodies (413 beyond). 0 = 16 MiB.
+	MaxBodyBytes int64
+	// MaxN caps n (parallel completions per prompt). 0 = 16.
+	MaxN int
+	// MaxLogprobs caps logprobs / top_logprobs. 0 = 20 (OpenAI's limit).
+	MaxLogprobs int
+	// StrictModel rejects requests naming a model other than
+	// Backend.ModelName() with 404; otherwise any model name is accepted.
+	StrictModel bool
+	// Version is reported by GET /version and folded into
+	// system_fingerprint.
+	Version string
+	// Logger receives request errors and drain notices. nil = discard.
+	Logger *slog.Logger
+}
+
+// Server serves the OpenAI-compatible API over a Backend.
+type Server struct {
+	b       Backend
+	o       Options
+	created int64
+	fp      string
+	log     *slog.Logger
+	mux     *http.ServeMux
+
+	inflight atomic.Int64 // admitted generation requests
+	draining atomic.Bool
+
+	httpReqs *prometheus.CounterVec
+	httpDur  *prometheus.HistogramVec
+	httpLive prometheus.Gauge
+}
+
+// New builds a Server over b.
+func New(b Backend, o Options) *Server {
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 16 << 20
+	}
+	if o.MaxN <= 0 {
+		o.MaxN = 16
+	}
+	if o.MaxLogprobs <= 0 {
+		o.MaxLogprobs = 20
+	}
+	if o.Version == "" {
+		o.Version = "dev"
+	}
+	s := &Server{b: b, o: o, created: time.Now().Unix(), log: o.Logger}
+	if s.log == nil {
+		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	h := sha256.Sum256([]byte(b.ModelName() + "\x00" + o.Version))
+	s.fp = "fp_" + hex.EncodeToString(h[:5])
+	s.registerMetrics()
+
+	m := http.NewServeMux()
+	m.HandleFunc("POST /v1/completions", s.auth(s.handleCompletions))
+	m.HandleFunc("POST /v1/chat/completions", s.auth(s.handleChat))
+	m.HandleFunc("GET /v1/models", s.auth(s.handleModels))
+	m.HandleFunc("GET /v1/models/{id...}", s.auth(s.handleModel))
+	m.HandleFunc("POST /tokenize", s.auth(s.handleTokenize))
+	m.HandleFunc("POST /detokenize", s.auth(s.handleDetokenize))
+	m.HandleFunc("GET /health", s.handleHealth)
+	m.HandleFunc("GET /version", s.handleVersion)
+	if o.Registry != nil {
+		m.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
+	}
+	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+			Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path), Code: "not_found"})
+	})
+	s.mux = m
+	return s
+}
+
+// Handler returns the HTTP handler with body limits and metrics applied.
+func (s *Server) Handler() http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes)
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		if s.httpLive != nil {
+			s.httpLive.Inc()
+			defer s.httpLive.Dec()
+		}
+		s.mux.ServeHTTP(rec, r)
+		if s.httpReqs != nil {
+			path := metricPath(r.URL.Path)
+			s.httpReqs.WithLabelValues(path, strconv.Itoa(rec.status)).Inc()
+			s.httpDur.WithLabelValues(path).Observe(time.Since(start).Seconds())
+		}
+	})
+}
+
+// ListenAndServe serves on addr until ctx is cancelled, then stops
+// accepting, lets in-flight requests finish for up to grace (new requests
+// on open connections get 503), cancels whatever is left and returns nil.
+func (s *Server) ListenAndServe(ctx context.Context, addr string, grace time.Duration) error {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("server: listen %s: %w", addr, err)
+	}
+	return s.Serve(ctx, ln, grace)
+}
+
+// Serve is ListenAndServe on an existing listener, which it closes.
+func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	baseCtx, cancelAll := context.WithCancel(context.Background())
+	defer cancelAll()
+	hs := &http.Server{
+		Handler:           s.Handler(),
+		ReadHeaderTimeout: 30 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return baseCtx },
+		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
+	}
+	errc := make(chan error, 1)
+	go func() { errc <- hs.Serve(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("server: %w", err)
+	case <-ctx.Done():
+	}
+	s.draining.Store(true)
+	s.log.Info("server: draining", "in_flight", s.inflight.Load(), "grace", grace)
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if err := hs.Shutdown(sctx); err != nil {
+		// Grace ran out: cancel the remaining requests so the engine frees
+		// their KV blocks, then drop the connections.
+		s.log.Warn("server: drain grace expired, cancelling", "in_flight", s.inflight.Load())
+		cancelAll()
+		_ = hs.Close()
+	}
+	<-errc
+	return nil
+}
+
+// admit counts a generation request in; false means the server is full or
+// draining and the caller has already answered.
+func (s *Server) admit(w http.ResponseWriter) bool {
+	if s.draining.Load() {
+		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
+			Message: "server is shutting down"})
+		return false
+	}
+	n := s.inflight.Add(1)
+	if s.o.MaxQueue > 0 && n > int64(s.o.MaxQueue) {
+		s.inflight.Add(-1)
+		writeAPIError(w, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
+			Code: "rate_limit_exceeded", Message: fmt.Sprintf("server busy: %d requests in flight (limit %d)", n-1, s.o.MaxQueue)})
+		return false
+	}
+	return true
+}
+
+func (s *Server) release() { s.inflight.Add(-1) }
+
+func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
+	if s.o.APIKey == "" {
+		return h
+	}
+	want := []byte("Bearer " + s.o.APIKey)
+	return func(w http.ResponseWriter, r *http.Request) {
+		got := []byte(r.Header.Get("Authorization"))
+		if subtle.ConstantTimeCompare(got, want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="pagoda"`)
+			writeAPIError(w, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error",
+				Code: "invalid_api_key", Message: "missing or incorrect API key (Authorization: Bearer <key>)"})
+			return
+		}
+		h(w, r)
+	}
+}
+
+func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+	if s.draining.Load() {
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) handleVersion(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, map[string]string{"version": s.o.Version})
+}
+
+func (s *Server) modelObject() map[string]any {
+	return map[string]any{
+		"id": s.b.ModelName(), "object": "model", "created": s.created,
+		"owned_by": "pagoda", "root": s.b.ModelName(), "parent": nil,
+		"max_model_len": s.b.ContextLen(),
+	}
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+	writeJSON(w, map[string]any{"object": "list", "data": []any{s.modelObject()}})
+}
+
+func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+	if id := r.PathValue("id"); id != s.b.ModelName() {
+		writeAPIError(w, modelNotFound(id))
+		return
+	}
+	writeJSON(w, s.modelObject())
+}
+
+func modelNotFound(name string) *apiError {
+	return &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Param: "model",
+		Code: "model_not_found", Message: fmt.Sprintf("the model %q does not exist", name)}
+}
+
+func (s *Server) checkModel(name string) *apiError {
+	if s.o.StrictModel && name != "" && name != s.b.ModelName() {
+		return modelNotFound(name)
+	}
+	return nil
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		writeAPIError(w, &apiError{Status: 500, Type: "server_error", Message: "encoding response: " + err.Error()})
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(b)
+}
+
+// decodeBody reads one JSON object into v, mapping the failure modes to
+// OpenAI-shaped 400/413 errors.
+func decodeBody(r *http.Request, v any) *apiError {
+	dec := json.NewDecoder(r.Body)
+	if err := dec.Decode(v); err != nil {
+		var mbe *http.MaxBytesError
+		var ute *json.UnmarshalTypeError
+		var se *json.SyntaxError
+		switch {
+		case errors.As(err, &mbe):
+			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+				Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
+		case errors.As(err, &ute):
+			field := ute.Field
+			return badRequest(field, "invalid type for %q: expected %s, got JSON %s", field, ute.Type, ute.Value)
+		case errors.As(err, &se):
+			return badRequest("", "malformed JSON body at offset %d: %v", se.Offset, err)
+		case errors.Is(err, io.EOF):
+			return badRequest("", "empty request body; expected a JSON object")
+		default:
+			return badRequest("", "malformed JSON body: %v", err)
+		}
+	}
+	if dec.More() {
+		return badRequest("", "malformed JSON body: trailing data after the object")
+	}
+	return nil
+}
+
+func newID(prefix string) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return prefix + hex.EncodeToString(b[:])
+}
+
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+	wrote  bool
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if !r.wrote {
+		r.status, r.wrote = code, true
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(b []byte) (int, error) {
+	r.wrote = true
+	return r.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach Flush on the real writer.
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+func metricPath(p string) string {
+	switch p {
+	case "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
+		"/health", "/version", "/metrics":
+		return p
+	}
+	if strings.HasPrefix(p, "/v1/models/") {
+		return "/v1/models/{id}"
+	}
+	return "other"
+}
+
+var registerMu sync.Mutex
+
+// registerMetrics adds the server's HTTP metrics to the registry. The
+// engine owns the vllm:* request metrics; a name that is already taken is
+// reused, so two servers may share one registry.
+func (s *Server) registerMetrics() {
+	reg := s.o.Registry
+	if reg == nil {
+		return
+	}
+	registerMu.Lock()
+	defer registerMu.Unlock()
+	s.httpReqs = register(reg, prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "pagoda:http_requests_total", Help: "HTTP requests by path and status code.",
+	}, []string{"path", "code"}))
+	s.httpDur = register(reg, prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "pagoda:http_request_duration_seconds", Help: "HTTP request duration (until the handler returns, streams included).",
+		Buckets: []float64{0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+	}, []string{"path"}))
+	s.httpLive = register(reg, prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "pagoda:http_requests_in_flight", Help: "HTTP requests being served.",
+	}))
+	if s.httpReqs == nil || s.httpDur == nil {
+		s.httpReqs, s.httpDur = nil, nil
+	}
+}
+
+func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if ex, ok := are.ExistingCollector.(C); ok {
+				return ex
+			}
+		}
+		var zero C
+		return zero
+	}
+	return c
+}
