@@ -634,8 +634,8 @@ func TestCorruptHeaders(t *testing.T) {
 		{"partial block", oneTensor([]uint64{33}, uint32(quant.Q4_0), 0, 64), "block size"},
 		{"misaligned offset", oneTensor([]uint64{4}, 0, 4, 32), "alignment"},
 		{"data past end", oneTensor([]uint64{8}, 0, 0, 31), "beyond the end"},
-		{"offset past end", oneTensor([]uint64{1}, 0, 1 << 63, 31), "beyond the end"},
-		{"offset wraps", oneTensor([]uint64{8}, 0, math.MaxUint64 - 31, 64), "beyond the end"},
+		{"offset past end", oneTensor([]uint64{1}, 0, 1<<63, 31), "beyond the end"},
+		{"offset wraps", oneTensor([]uint64{8}, 0, math.MaxUint64-31, 64), "beyond the end"},
 	}
 	for _, c := range cases {
 		f, err := Parse(c.b)
