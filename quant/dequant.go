@@ -92,6 +92,8 @@ func blockDequant(t Type) func(b []byte, y []float32) {
 		return dequantQ5_1
 	case Q8_0:
 		return dequantQ8_0
+	case Q8_1:
+		return dequantQ8_1
 	case Q2_K:
 		return dequantQ2K
 	case Q3_K:

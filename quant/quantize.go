@@ -66,6 +66,8 @@ func QuantizeInto(t Type, src []float32, dst []byte) error {
 		fn = quantQ5_1
 	case Q8_0:
 		fn = quantQ8_0
+	case Q8_1:
+		fn = quantQ8_1
 	case Q2_K:
 		fn = quantQ2K
 	case Q3_K:

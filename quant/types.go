@@ -59,7 +59,7 @@ var types = map[Type]typeInfo{
 	Q5_0:    {"Q5_0", 32, 22, true},
 	Q5_1:    {"Q5_1", 32, 24, true},
 	Q8_0:    {"Q8_0", 32, 34, true},
-	Q8_1:    {"Q8_1", 32, 36, false},
+	Q8_1:    {"Q8_1", 32, 36, true},
 	Q2_K:    {"Q2_K", 256, 84, true},
 	Q3_K:    {"Q3_K", 256, 110, true},
 	Q4_K:    {"Q4_K", 256, 144, true},
