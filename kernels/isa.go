@@ -41,6 +41,7 @@ func SetISA(name string) error {
 
 // setGeneric points every dispatch variable at its reference.
 func setGeneric() {
+	matMul = MatMulRef
 	dotF32 = DotF32Ref
 	axpyF32 = AxpyF32Ref
 	scaleF32 = ScaleF32Ref

@@ -2,4 +2,5 @@
 
 package kernels
 
-func setSIMD(string) {}
+func setFloatAVX512() {}
+func setFloatAVX2()   {}

@@ -3,3 +3,5 @@
 package kernels
 
 func setSIMD(string) {}
+
+func usesPacked() bool { return false }

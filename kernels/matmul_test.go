@@ -1,0 +1,159 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"testing"
+
+	"pagoda/quant"
+)
+
+// TestActQuantMatchesQuant holds the activation quantizers to package quant's
+// byte-exact ports of ggml's quantize_row_q8_0_ref / q8_K_ref.
+func TestActQuantMatchesQuant(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	for trial := 0; trial < 50; trial++ {
+		x := randF32(r, 512)
+		if trial%5 == 0 {
+			for i := range x {
+				x[i] = float32(r.IntN(9)-4) * 0.25 // exact ties
+			}
+		}
+		if trial == 1 {
+			clear(x[:256])
+		}
+		q := make([]int8, 512)
+		d := make([]float32, 32)
+		quantRowQ8_0(x, q, d)
+		ref, err := quant.Quantize(quant.Q8_0, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := 0; b < 16; b++ {
+			if want := quant.F16ToF32(binary.LittleEndian.Uint16(ref[34*b:])); d[2*b] != want || d[2*b+1] != want {
+				t.Fatalf("trial %d Q8_0 block %d: d %g want %g", trial, b, d[2*b], want)
+			}
+			for j := 0; j < 32; j++ {
+				if q[32*b+j] != int8(ref[34*b+2+j]) {
+					t.Fatalf("trial %d Q8_0 block %d elem %d: %d want %d (x=%g)", trial, b, j, q[32*b+j], int8(ref[34*b+2+j]), x[32*b+j])
+				}
+			}
+		}
+		quantRowQ8K(x, q, d)
+		ref, err = quant.Quantize(quant.Q8_K, x)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for b := 0; b < 2; b++ {
+			blk := ref[292*b:]
+			want := math.Float32frombits(binary.LittleEndian.Uint32(blk))
+			for j := 0; j < 16; j++ {
+				if d[16*b+j] != want {
+					t.Fatalf("trial %d Q8_K block %d: d %g want %g", trial, b, d[16*b+j], want)
+				}
+			}
+			for j := 0; j < 256; j++ {
+				if q[256*b+j] != int8(blk[4+j]) {
+					t.Fatalf("trial %d Q8_K block %d elem %d: %d want %d", trial, b, j, q[256*b+j], int8(blk[4+j]))
+				}
+			}
+		}
+	}
+}
+
+// actTypeFor is the activation format ggml pairs with weight type t.
+func actTypeFor(t quant.Type) quant.Type {
+	switch t {
+	case quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K:
+		return quant.Q8_K
+	}
+	return quant.Q8_0
+}
+
+var matTypes = []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_1, quant.Q5_0, quant.Q5_1,
+	quant.Q2_K, quant.Q3_K, quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.F32, quant.F16, quant.BF16}
+
+func randMatrix(t testing.TB, r *rand.Rand, typ quant.Type, rows, cols int) (*Matrix, []float32) {
+	wf := make([]float32, rows*cols)
+	for i := range wf {
+		wf[i] = float32(r.NormFloat64() * 0.5)
+	}
+	data, err := quant.Quantize(typ, wf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := NewMatrix(typ, rows, cols, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deq := make([]float32, rows*cols)
+	if err := quant.Dequantize(typ, data, deq); err != nil {
+		t.Fatal(err)
+	}
+	return m, deq
+}
+
+// TestMatMul checks MatMul on every ISA against float64 sums of the
+// dequantized weights with, for the integer kernels, the activations
+// quantized exactly as ggml does (so the only difference left is float32
+// summation order: tolerance 2e-5 of Σ|w·x|), and with float activations
+// for the float kernels and the generic path.
+func TestMatMul(t *testing.T) { forEachISA(t, testMatMul) }
+
+func testMatMul(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	pool := NewPool(2)
+	defer pool.Close()
+	for _, typ := range matTypes {
+		colsList := []int{32, 64, 96, 512}
+		if actTypeFor(typ) == quant.Q8_K {
+			colsList = []int{256, 512}
+		}
+		for _, cols := range colsList {
+			for _, rows := range []int{1, 15, 16, 17, 40} {
+				m, deq := randMatrix(t, r, typ, rows, cols)
+				for _, batch := range []int{1, 2, 3, 5, 8, 9, 16, 17} {
+					if testing.Short() && batch > 3 && rows > 16 {
+						continue
+					}
+					name := fmt.Sprintf("%s/%dx%d/b%d", typ, rows, cols, batch)
+					x := randF32(r, batch*cols)
+					// Activations as the integer kernels see them.
+					xq := make([]float32, len(x))
+					at := actTypeFor(typ)
+					for b := 0; b < batch; b++ {
+						qb, _ := quant.Quantize(at, x[b*cols:(b+1)*cols])
+						quant.Dequantize(at, qb, xq[b*cols:(b+1)*cols])
+					}
+					integer := ISA() == "avx512" && typ != quant.F32 && typ != quant.F16 && typ != quant.BF16
+					xr := x
+					if integer {
+						xr = xq
+					}
+					out := make([]float32, batch*rows+1)
+					out[batch*rows] = 42 // must stay untouched
+					MatMul(pool, m, x, out[:batch*rows], batch)
+					if out[batch*rows] != 42 {
+						t.Fatalf("%s: wrote past the output", name)
+					}
+					for b := 0; b < batch; b++ {
+						for i := 0; i < rows; i++ {
+							var want, mag float64
+							for c := 0; c < cols; c++ {
+								p := float64(deq[i*cols+c]) * float64(xr[b*cols+c])
+								want += p
+								mag += math.Abs(p)
+							}
+							got := float64(out[b*rows+i])
+							if math.Abs(got-want) > 2e-5*mag+1e-6 {
+								t.Fatalf("%s: out[%d,%d] = %g, want %g (Σ|·| %g)", name, b, i, got, want, mag)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+}

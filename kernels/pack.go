@@ -1,0 +1,360 @@
+package kernels
+
+import (
+	"encoding/binary"
+	"math"
+
+	"pagoda/quant"
+)
+
+// Packed weight layouts for the VNNI micro-kernels. Rows are taken in groups
+// of 16 (one 32-bit lane per row of a 512-bit register) and columns in
+// blocks; within a (group, block) tile, chunk k holds columns 4k..4k+3 of
+// all 16 rows, row r at bytes 4r..4r+3, so one VPDPBUSD against 4 broadcast
+// activation bytes advances 16 row sums at once, and a whole block ends with
+// 16 finished sums side by side — no horizontal reductions. Weights are the
+// unsigned operand: Q8_0 is stored with its sign bit flipped (q+128) and the
+// activation sums correct for the offset.
+//
+//	packQ8C:  block 32: 8 chunks × 64 B (u8 = q+128), then 16 f16 scales d.
+//	          w = d·(u − 128)
+//	packQ4C:  block 32: 4 chunks × 64 B, low nibble = column 4k+j, high
+//	          nibble = column 16+4k+j (Q4_0's own byte order), 16 f16 d.
+//	          w = d·(u − 8)
+//	packSM16: block 16: 4 chunks × 64 B (u8), then 16 f32 scales S and 16
+//	          f32 offsets M. w = S·u + M. Any block format fits (K-quants).
+type packKind uint8
+
+const (
+	packNone packKind = iota
+	packQ8C
+	packQ4C
+	packSM16
+)
+
+// actKind is how activations are quantized for a weight type: like ggml's
+// vec_dot_type for it.
+type actKind uint8
+
+const (
+	actQ8_0 actKind = iota // per 32: f16-rounded scale amax/127, round half away
+	actQ8_K                // per 256: f32 scale −max/127, round half even
+)
+
+type packed struct {
+	kind       packKind
+	act        actKind
+	block      int     // columns per kernel block
+	k          float32 // implicit offset of the C kinds (128 or 8)
+	groups     int
+	nb         int // blocks per row
+	groupBytes int
+	data       []byte
+}
+
+// tileBytes is the size of one (16-row group, block) tile.
+func (k packKind) tileBytes() int {
+	switch k {
+	case packQ8C:
+		return 512 + 32
+	case packQ4C:
+		return 256 + 32
+	case packSM16:
+		return 256 + 128
+	}
+	return 0
+}
+
+var noPack = &packed{kind: packNone}
+
+// pack builds m's packed layout, or noPack when the type has none.
+func pack(p *Pool, m *Matrix) *packed {
+	var pk packed
+	switch m.Type {
+	case quant.Q8_0:
+		pk = packed{kind: packQ8C, act: actQ8_0, block: 32, k: 128}
+	case quant.Q4_0:
+		pk = packed{kind: packQ4C, act: actQ8_0, block: 32, k: 8}
+	case quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.Q2_K, quant.Q3_K:
+		pk = packed{kind: packSM16, act: actQ8_K, block: 16}
+	case quant.Q4_1, quant.Q5_0, quant.Q5_1:
+		pk = packed{kind: packSM16, act: actQ8_0, block: 16}
+	default:
+		return noPack
+	}
+	if m.Cols%32 != 0 || (pk.act == actQ8_K && m.Cols%256 != 0) || m.Rows == 0 {
+		return noPack
+	}
+	pk.groups = (m.Rows + 15) / 16
+	pk.nb = m.Cols / pk.block
+	pk.groupBytes = pk.nb * pk.kind.tileBytes()
+	pk.data = make([]byte, pk.groups*pk.groupBytes)
+	p.For(pk.groups, 4, func(lo, hi int) {
+		var dec *smRow
+		if pk.kind == packSM16 {
+			dec = newSMRow(m.Cols)
+		}
+		for g := lo; g < hi; g++ {
+			dst := pk.data[g*pk.groupBytes : (g+1)*pk.groupBytes]
+			for r := 0; r < 16; r++ {
+				row := g*16 + r
+				if row >= m.Rows {
+					break // padding rows stay zero: zero scale, zero sum
+				}
+				src := m.Row(row)
+				switch pk.kind {
+				case packQ8C:
+					packRowQ8C(dst, src, r, pk.nb)
+				case packQ4C:
+					packRowQ4C(dst, src, r, pk.nb)
+				case packSM16:
+					dec.decode(m.Type, src)
+					packRowSM16(dst, dec, r, pk.nb)
+				}
+			}
+		}
+	})
+	return &pk
+}
+
+func packRowQ8C(dst, src []byte, r, nb int) {
+	for b := 0; b < nb; b++ {
+		s := src[b*34 : b*34+34]
+		t := dst[b*544 : b*544+544]
+		t[512+2*r], t[513+2*r] = s[0], s[1]
+		for k := 0; k < 8; k++ {
+			for j := 0; j < 4; j++ {
+				t[k*64+r*4+j] = s[2+4*k+j] ^ 0x80
+			}
+		}
+	}
+}
+
+func packRowQ4C(dst, src []byte, r, nb int) {
+	for b := 0; b < nb; b++ {
+		s := src[b*18 : b*18+18]
+		t := dst[b*288 : b*288+288]
+		t[256+2*r], t[257+2*r] = s[0], s[1]
+		for k := 0; k < 4; k++ {
+			copy(t[k*64+r*4:k*64+r*4+4], s[2+4*k:2+4*k+4])
+		}
+	}
+}
+
+func packRowSM16(dst []byte, d *smRow, r, nb int) {
+	for b := 0; b < nb; b++ {
+		t := dst[b*384 : b*384+384]
+		for k := 0; k < 4; k++ {
+			copy(t[k*64+r*4:k*64+r*4+4], d.q[16*b+4*k:16*b+4*k+4])
+		}
+		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[b]))
+		binary.LittleEndian.PutUint32(t[320+4*r:], math.Float32bits(d.m[b]))
+	}
+}
+
+// smRow is one weight row decoded to w = s[i/16]·q[i] + m[i/16] with q
+// unsigned. The products s, m are exact in float32 for every format here
+// (an f16 scale times a ≤ 8-bit integer), so packing loses nothing.
+type smRow struct {
+	q    []uint8
+	s, m []float32
+}
+
+func newSMRow(n int) *smRow {
+	return &smRow{q: make([]uint8, n), s: make([]float32, n/16), m: make([]float32, n/16)}
+}
+
+func h16(b []byte) float32 { return f16ToF32(binary.LittleEndian.Uint16(b)) }
+
+func scaleMinK4(j int, q []byte) (sc, m uint8) {
+	if j < 4 {
+		return q[j] & 63, q[j+4] & 63
+	}
+	return q[j+4]&0xf | (q[j-4]>>6)<<4, q[j+4]>>4 | (q[j]>>6)<<4
+}
+
+func (d *smRow) decode(t quant.Type, src []byte) {
+	switch t {
+	case quant.Q4_1, quant.Q5_0, quant.Q5_1:
+		d.decodeLegacy(t, src)
+	case quant.Q2_K:
+		for i := 0; i < len(d.q)/256; i++ {
+			d.decodeQ2K(src[i*84:], i)
+		}
+	case quant.Q3_K:
+		for i := 0; i < len(d.q)/256; i++ {
+			d.decodeQ3K(src[i*110:], i)
+		}
+	case quant.Q4_K:
+		for i := 0; i < len(d.q)/256; i++ {
+			d.decodeQ4K(src[i*144:], i)
+		}
+	case quant.Q5_K:
+		for i := 0; i < len(d.q)/256; i++ {
+			d.decodeQ5K(src[i*176:], i)
+		}
+	case quant.Q6_K:
+		for i := 0; i < len(d.q)/256; i++ {
+			d.decodeQ6K(src[i*210:], i)
+		}
+	}
+}
+
+func (d *smRow) decodeLegacy(t quant.Type, src []byte) {
+	ts := t.TypeSize()
+	for i := 0; i < len(d.q)/32; i++ {
+		b := src[i*ts : (i+1)*ts]
+		q := d.q[32*i : 32*i+32]
+		var s, m float32
+		switch t {
+		case quant.Q4_1:
+			s, m = h16(b), h16(b[2:])
+			for j := 0; j < 16; j++ {
+				q[j], q[j+16] = b[4+j]&0xf, b[4+j]>>4
+			}
+		case quant.Q5_0, quant.Q5_1:
+			off := 2
+			s = h16(b)
+			if t == quant.Q5_1 {
+				m = h16(b[2:])
+				off = 4
+			} else {
+				m = -16 * s
+			}
+			qh := binary.LittleEndian.Uint32(b[off:])
+			qs := b[off+4:]
+			for j := 0; j < 16; j++ {
+				q[j] = qs[j]&0xf | uint8(qh>>j&1)<<4
+				q[j+16] = qs[j]>>4 | uint8(qh>>(j+16)&1)<<4
+			}
+		}
+		d.s[2*i], d.s[2*i+1] = s, s
+		d.m[2*i], d.m[2*i+1] = m, m
+	}
+}
+
+func (d *smRow) decodeQ2K(b []byte, i int) {
+	sc := b[:16]
+	qs := b[16:80]
+	dd, dmin := h16(b[80:]), h16(b[82:])
+	q := d.q[256*i:]
+	for n := 0; n < 2; n++ {
+		for shift := 0; shift < 4; shift++ {
+			for l := 0; l < 32; l++ {
+				q[128*n+32*shift+l] = qs[32*n+l] >> (2 * shift) & 3
+			}
+		}
+	}
+	for j := 0; j < 16; j++ {
+		d.s[16*i+j] = dd * float32(sc[j]&0xf)
+		d.m[16*i+j] = -dmin * float32(sc[j]>>4)
+	}
+}
+
+func (d *smRow) decodeQ3K(b []byte, i int) {
+	hm := b[:32]
+	qs := b[32:96]
+	raw := b[96:108]
+	dd := h16(b[108:])
+	var sc [16]int8
+	// ggml's kmask shuffle of the twelve 6-bit scale bytes.
+	aux0 := binary.LittleEndian.Uint32(raw)
+	aux1 := binary.LittleEndian.Uint32(raw[4:])
+	tmp := binary.LittleEndian.Uint32(raw[8:])
+	const k1, k2 = 0x03030303, 0x0f0f0f0f
+	a := [4]uint32{
+		aux0&k2 | (tmp>>0&k1)<<4,
+		aux1&k2 | (tmp>>2&k1)<<4,
+		aux0>>4&k2 | (tmp>>4&k1)<<4,
+		aux1>>4&k2 | (tmp>>6&k1)<<4,
+	}
+	for j := 0; j < 16; j++ {
+		sc[j] = int8(a[j/4]>>(8*(j%4))) - 32
+	}
+	q := d.q[256*i:]
+	for n := 0; n < 2; n++ {
+		for shift := 0; shift < 4; shift++ {
+			m := uint8(1) << (4*n + shift)
+			for l := 0; l < 32; l++ {
+				v := qs[32*n+l] >> (2 * shift) & 3
+				if hm[l]&m != 0 {
+					v += 4
+				}
+				q[128*n+32*shift+l] = v // 0..7, weight = v − 4
+			}
+		}
+	}
+	for j := 0; j < 16; j++ {
+		s := dd * float32(sc[j])
+		d.s[16*i+j] = s
+		d.m[16*i+j] = -4 * s
+	}
+}
+
+func (d *smRow) decodeQ4K(b []byte, i int) {
+	dd, dmin := h16(b), h16(b[2:])
+	scales := b[4:16]
+	qs := b[16:144]
+	q := d.q[256*i:]
+	for j := 0; j < 4; j++ {
+		for l := 0; l < 32; l++ {
+			q[64*j+l] = qs[32*j+l] & 0xf
+			q[64*j+32+l] = qs[32*j+l] >> 4
+		}
+	}
+	for j := 0; j < 8; j++ {
+		sc, m := scaleMinK4(j, scales)
+		s, mm := dd*float32(sc), -dmin*float32(m)
+		d.s[16*i+2*j], d.s[16*i+2*j+1] = s, s
+		d.m[16*i+2*j], d.m[16*i+2*j+1] = mm, mm
+	}
+}
+
+func (d *smRow) decodeQ5K(b []byte, i int) {
+	dd, dmin := h16(b), h16(b[2:])
+	scales := b[4:16]
+	qh := b[16:48]
+	qs := b[48:176]
+	q := d.q[256*i:]
+	for j := 0; j < 4; j++ {
+		u1, u2 := uint8(1)<<(2*j), uint8(2)<<(2*j)
+		for l := 0; l < 32; l++ {
+			lo, hi := qs[32*j+l]&0xf, qs[32*j+l]>>4
+			if qh[l]&u1 != 0 {
+				lo += 16
+			}
+			if qh[l]&u2 != 0 {
+				hi += 16
+			}
+			q[64*j+l], q[64*j+32+l] = lo, hi
+		}
+	}
+	for j := 0; j < 8; j++ {
+		sc, m := scaleMinK4(j, scales)
+		s, mm := dd*float32(sc), -dmin*float32(m)
+		d.s[16*i+2*j], d.s[16*i+2*j+1] = s, s
+		d.m[16*i+2*j], d.m[16*i+2*j+1] = mm, mm
+	}
+}
+
+func (d *smRow) decodeQ6K(b []byte, i int) {
+	ql := b[:128]
+	qh := b[128:192]
+	sc := b[192:208]
+	dd := h16(b[208:])
+	q := d.q[256*i:]
+	for n := 0; n < 2; n++ {
+		l0, h0, y := ql[64*n:], qh[32*n:], q[128*n:]
+		for l := 0; l < 32; l++ {
+			y[l] = l0[l]&0xf | (h0[l]&3)<<4
+			y[l+32] = l0[l+32]&0xf | (h0[l]>>2&3)<<4
+			y[l+64] = l0[l]>>4 | (h0[l]>>4&3)<<4
+			y[l+96] = l0[l+32]>>4 | (h0[l]>>6&3)<<4
+		}
+	}
+	for j := 0; j < 16; j++ {
+		s := dd * float32(int8(sc[j]))
+		d.s[16*i+j] = s
+		d.m[16*i+j] = -32 * s
+	}
+}
