@@ -110,6 +110,37 @@ func blockDequant(t Type) func(b []byte, y []float32) {
 	return nil
 }
 
+// dequantBlock expands one block with direct calls, so that a caller's
+// stack buffer does not escape through a function value.
+func dequantBlock(t Type, b []byte, y []float32) {
+	switch t {
+	case Q4_0:
+		dequantQ4_0(b, y)
+	case Q4_1:
+		dequantQ4_1(b, y)
+	case Q5_0:
+		dequantQ5_0(b, y)
+	case Q5_1:
+		dequantQ5_1(b, y)
+	case Q8_0:
+		dequantQ8_0(b, y)
+	case Q8_1:
+		dequantQ8_1(b, y)
+	case Q2_K:
+		dequantQ2K(b, y)
+	case Q3_K:
+		dequantQ3K(b, y)
+	case Q4_K:
+		dequantQ4K(b, y)
+	case Q5_K:
+		dequantQ5K(b, y)
+	case Q6_K:
+		dequantQ6K(b, y)
+	case Q8_K:
+		dequantQ8K(b, y)
+	}
+}
+
 // The per-block expanders below follow ggml's dequantize_row_* expression by
 // expression; explicit float32 conversions keep Go from fusing a multiply and
 // an add into one FMA, which would change the last bit.

@@ -31,10 +31,9 @@ func DotRef(t Type, row []byte, x []float32) float32 {
 	default:
 		var buf [QKK]float32
 		bs, ts := t.BlockSize(), t.TypeSize()
-		fn := blockDequant(t)
 		for i := 0; i < len(x); i += bs {
 			y := buf[:bs]
-			fn(row[i/bs*ts:][:ts], y)
+			dequantBlock(t, row[i/bs*ts:][:ts], y)
 			for j, v := range x[i : i+bs] {
 				sum += float64(y[j]) * float64(v)
 			}
