@@ -19,7 +19,7 @@ type fragment struct {
 type specialMatcher struct {
 	ids   []int32 // control/unknown/user-defined tokens, longest text first
 	texts []string
-	user  []bool // user-defined: matched even without ParseSpecial
+	user  []bool     // user-defined: matched even without ParseSpecial
 	first [256][]int // indices into ids by first byte of the text
 }
 

@@ -14,11 +14,20 @@ const spaceMark = "\u2581"
 // is left unmerged and unknown falls back to <0xXX> byte tokens. It follows
 // llama.cpp's llm_tokenizer_spm, which is also what llama2.c's run.c does.
 type SPM struct {
-	v       *Vocab
+	v *Vocab
+	// ids maps the text of the tokens that plain text may turn into; like
+	// SentencePiece (and unlike llama.cpp), control, unknown, unused and
+	// byte tokens are left out, so "<s>" or "<0x41>" typed as text is never
+	// merged into those tokens.
 	ids     map[string]int32
 	byteTok [256]int32 // byte -> token for byte fallback, -1 when none
 	special *specialMatcher
 	pieces  [][]byte // decoded bytes of each token
+	// pairs has bit a<<8|b set when bytes a, b occur next to each other in
+	// some token. Where they do not, no merge can ever join the text on
+	// either side, so the text is tokenized in independent pieces: this
+	// keeps the merge queue small and the run time linear on long inputs.
+	pairs *[1 << 16 / 64]uint64
 }
 
 // NewSPM builds an SPM tokenizer over v. v must hold tokens; scores and
@@ -31,13 +40,19 @@ func NewSPM(v *Vocab) (*SPM, error) {
 		return nil, fmt.Errorf("tokenizer: spm: %w", err)
 	}
 	t := &SPM{v: v, ids: make(map[string]int32, len(v.Tokens))}
+	all := make(map[string]int32, 256)
 	for i, s := range v.Tokens {
 		// Later duplicates win, as in llama.cpp's token_to_id map.
-		t.ids[s] = int32(i)
+		switch v.tokenType(int32(i)) {
+		case TypeNormal, TypeUserDefined, TypeUndefined:
+			t.ids[s] = int32(i)
+		case TypeByte:
+			all[s] = int32(i)
+		}
 	}
 	for b := 0; b < 256; b++ {
 		t.byteTok[b] = -1
-		if id, ok := t.ids[fmt.Sprintf("<0x%02X>", b)]; ok {
+		if id, ok := all[fmt.Sprintf("<0x%02X>", b)]; ok {
 			t.byteTok[b] = id
 		} else if id, ok := t.ids[string([]byte{byte(b)})]; ok {
 			t.byteTok[b] = id
@@ -46,6 +61,13 @@ func NewSPM(v *Vocab) (*SPM, error) {
 		}
 	}
 	t.special = newSpecialMatcher(v)
+	t.pairs = new([1 << 16 / 64]uint64)
+	for _, s := range v.Tokens {
+		for i := 1; i < len(s); i++ {
+			k := uint(s[i-1])<<8 | uint(s[i])
+			t.pairs[k/64] |= 1 << (k % 64)
+		}
+	}
 	t.pieces = make([][]byte, len(v.Tokens))
 	for i := range v.Tokens {
 		t.pieces[i] = spmPiece(v, int32(i))
@@ -217,6 +239,18 @@ type spmSession struct {
 }
 
 func (s *spmSession) tokenize(t *SPM, text string, out []int32) []int32 {
+	start := 0
+	for i := 1; i < len(text); i++ {
+		k := uint(text[i-1])<<8 | uint(text[i])
+		if t.pairs[k/64]&(1<<(k%64)) == 0 {
+			out = s.tokenizePiece(t, text[start:i], out)
+			start = i
+		}
+	}
+	return s.tokenizePiece(t, text[start:], out)
+}
+
+func (s *spmSession) tokenizePiece(t *SPM, text string, out []int32) []int32 {
 	s.syms = s.syms[:0]
 	s.heap = s.heap[:0]
 	for off := 0; off < len(text); {
