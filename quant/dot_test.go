@@ -182,3 +182,40 @@ func TestDotRefFloat(t *testing.T) {
 	}()
 	DotRef(Q4_0, make([]byte, 17), make([]float32, 32))
 }
+
+// TestVecDotGolden runs the dot products on llama.cpp's own quantized
+// weights (the g-llama-gqa files) rather than on ours.
+func TestVecDotGolden(t *testing.T) {
+	rng := rand.New(rand.NewPCG(17, 18))
+	for _, typ := range dotTypes {
+		file := loadGolden(t, typ.String())
+		w := file["blk.0.ffn_down.weight"]
+		if w == nil || w.typ != typ || len(w.dims) != 2 {
+			t.Fatalf("%s: no 2-D ffn_down tensor", typ)
+		}
+		n := int(w.dims[0])
+		rowBytes, _ := RowSize(typ, n)
+		at, _ := VecDotType(typ)
+		asz, _ := RowSize(at, n)
+		a := make([]byte, asz)
+		x := randNormal(rng, n, 1)
+		QuantizeActivations(typ, x, a)
+		ad := dequantAll(t, at, a, n)
+		for r := 0; r < 8; r++ {
+			row := w.data[r*rowBytes:][:rowBytes]
+			got := VecDot(typ, n, row, a)
+			ref := DotRef(typ, row, ad)
+			var mag float64
+			for i, v := range dequantAll(t, typ, row, n) {
+				mag += math.Abs(float64(v) * float64(ad[i]))
+			}
+			tol := 1e-5*mag + 1e-6
+			if at == Q8_1 {
+				tol = 2e-3 * mag // Q8_1's f16 sum s rounds the minimum's share
+			}
+			if d := math.Abs(float64(got - ref)); d > tol {
+				t.Errorf("%s row %d: VecDot %v, DotRef on dequantized activations %v", typ, r, got, ref)
+			}
+		}
+	}
+}

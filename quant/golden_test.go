@@ -25,7 +25,12 @@ var goldenTypes = []struct {
 
 func loadGolden(t *testing.T, typ string) map[string]*testTensor {
 	t.Helper()
-	p := testutil.Shared(t, "golden/models/g-llama-gqa."+typ+".gguf")
+	return loadModel(t, "g-llama-gqa", typ)
+}
+
+func loadModel(t *testing.T, model, typ string) map[string]*testTensor {
+	t.Helper()
+	p := testutil.Shared(t, "golden/models/"+model+"."+typ+".gguf")
 	ts, err := readGGUF(p)
 	if err != nil {
 		t.Fatal(err)
@@ -57,70 +62,88 @@ func TestGoldenQuantize(t *testing.T) {
 	ref := loadGolden(t, "F32")
 	for _, gt := range goldenTypes {
 		t.Run(gt.t.String(), func(t *testing.T) {
-			file := loadGolden(t, gt.t.String())
-			bs, ts := gt.t.BlockSize(), gt.t.TypeSize()
-			nTensors, blocks, same := 0, 0, 0
-			for _, name := range sortedNames(file) {
-				q := file[name]
-				if q.typ != gt.t {
-					if q.typ != F32 || len(q.dims) != 1 {
-						t.Errorf("%s: type %s in a %s file", name, q.typ, gt.t)
-					}
-					continue
-				}
-				nTensors++
-				r, ok := ref[name]
-				if !ok || r.typ != F32 || r.elems() != q.elems() {
-					t.Fatalf("%s: no matching F32 tensor", name)
-				}
-				x := f32Data(t, r)
-
-				got, err := Quantize(gt.t, x)
-				if err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				if len(got) != len(q.data) {
-					t.Fatalf("%s: %d bytes, llama.cpp has %d", name, len(got), len(q.data))
-				}
-				bad := 0
-				for b := 0; b < len(got); b += ts {
-					blocks++
-					if bytes.Equal(got[b:b+ts], q.data[b:b+ts]) {
-						same++
-					} else {
-						if bad < 3 {
-							t.Logf("%s: block %d (elements %d..) differs:\n got %x\nwant %x", name, b/ts, b/ts*bs, got[b:b+ts], q.data[b:b+ts])
-						}
-						bad++
-					}
-				}
-
-				y := make([]float32, len(x))
-				if err := Dequantize(gt.t, q.data, y); err != nil {
-					t.Fatalf("%s: %v", name, err)
-				}
-				var se, sx float64
-				for i := range x {
-					if math.IsNaN(float64(y[i])) || math.IsInf(float64(y[i]), 0) {
-						t.Fatalf("%s: element %d dequantizes to %v", name, i, y[i])
-					}
-					d := float64(y[i]) - float64(x[i])
-					se += d * d
-					sx += float64(x[i]) * float64(x[i])
-				}
-				rel := math.Sqrt(se / sx)
-				if rel > gt.relRMS {
-					t.Errorf("%s: dequantized relative RMS error %.4g > %.4g", name, rel, gt.relRMS)
-				}
-				t.Logf("%s %v: rel RMS err %.4g, %d/%d blocks identical", name, q.dims, rel, len(got)/ts-bad, len(got)/ts)
-			}
-			if nTensors == 0 {
-				t.Fatalf("no %s tensors in the file", gt.t)
-			}
-			t.Logf("%s: %d tensors, %d/%d blocks byte-identical to llama-quantize", gt.t, nTensors, same, blocks)
-			if same != blocks {
-				t.Errorf("%s: %d of %d blocks differ from llama-quantize", gt.t, blocks-same, blocks)
-			}
+			checkGoldenFile(t, ref, loadGolden(t, gt.t.String()), gt.t, gt.relRMS)
 		})
+	}
+}
+
+// TestGoldenOtherModels repeats the check on the other quantized golden
+// models that have an F32 sibling (more tensor shapes, tied embeddings).
+func TestGoldenOtherModels(t *testing.T) {
+	for _, c := range []struct {
+		model string
+		t     Type
+		rel   float64
+	}{{"g-qwen2", Q4_K, 0.08}, {"g-qwen3", Q8_0, 7e-3}} {
+		t.Run(c.model+"."+c.t.String(), func(t *testing.T) {
+			checkGoldenFile(t, loadModel(t, c.model, "F32"), loadModel(t, c.model, c.t.String()), c.t, c.rel)
+		})
+	}
+}
+
+func checkGoldenFile(t *testing.T, ref, file map[string]*testTensor, typ Type, maxRel float64) {
+	t.Helper()
+	bs, ts := typ.BlockSize(), typ.TypeSize()
+	nTensors, blocks, same := 0, 0, 0
+	for _, name := range sortedNames(file) {
+		q := file[name]
+		if q.typ != typ {
+			if q.typ != F32 || len(q.dims) != 1 {
+				t.Errorf("%s: type %s in a %s file", name, q.typ, typ)
+			}
+			continue
+		}
+		nTensors++
+		r, ok := ref[name]
+		if !ok || r.typ != F32 || r.elems() != q.elems() {
+			t.Fatalf("%s: no matching F32 tensor", name)
+		}
+		x := f32Data(t, r)
+
+		got, err := Quantize(typ, x)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if len(got) != len(q.data) {
+			t.Fatalf("%s: %d bytes, llama.cpp has %d", name, len(got), len(q.data))
+		}
+		bad := 0
+		for b := 0; b < len(got); b += ts {
+			blocks++
+			if bytes.Equal(got[b:b+ts], q.data[b:b+ts]) {
+				same++
+			} else {
+				if bad < 3 {
+					t.Logf("%s: block %d (elements %d..) differs:\n got %x\nwant %x", name, b/ts, b/ts*bs, got[b:b+ts], q.data[b:b+ts])
+				}
+				bad++
+			}
+		}
+
+		y := make([]float32, len(x))
+		if err := Dequantize(typ, q.data, y); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		var se, sx float64
+		for i := range x {
+			if math.IsNaN(float64(y[i])) || math.IsInf(float64(y[i]), 0) {
+				t.Fatalf("%s: element %d dequantizes to %v", name, i, y[i])
+			}
+			d := float64(y[i]) - float64(x[i])
+			se += d * d
+			sx += float64(x[i]) * float64(x[i])
+		}
+		rel := math.Sqrt(se / sx)
+		if rel > maxRel {
+			t.Errorf("%s: dequantized relative RMS error %.4g > %.4g", name, rel, maxRel)
+		}
+		t.Logf("%s %v: rel RMS err %.4g, %d/%d blocks identical", name, q.dims, rel, len(got)/ts-bad, len(got)/ts)
+	}
+	if nTensors == 0 {
+		t.Fatalf("no %s tensors in the file", typ)
+	}
+	t.Logf("%s: %d tensors, %d/%d blocks byte-identical to llama-quantize", typ, nTensors, same, blocks)
+	if same != blocks {
+		t.Errorf("%s: %d of %d blocks differ from llama-quantize", typ, blocks-same, blocks)
 	}
 }

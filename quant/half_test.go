@@ -29,6 +29,9 @@ func TestF16ToF32AllValues(t *testing.T) {
 	for i := 0; i < 1<<16; i++ {
 		h := uint16(i)
 		got, want := float64(F16ToF32(h)), f16Value(h)
+		if math.Float32bits(F16ToF32(h)) != math.Float32bits(f16ToF32Slow(h)) {
+			t.Fatalf("%#04x: table and computed widening differ", h)
+		}
 		if math.IsNaN(want) {
 			if !math.IsNaN(got) {
 				t.Fatalf("%#04x: got %v, want NaN", h, got)
