@@ -70,8 +70,10 @@ type BPE struct {
 	fuseUnk      bool
 	unk          int32
 
-	normalize func(string) string   // HF normalizer; nil when none
-	split     func(string) []string // pre-tokenizer; nil: one word
+	normalize func(string) string // HF normalizer; nil when none
+	// split is the pre-tokenizer (nil: the segment is one word); atStart
+	// says the segment begins the input text.
+	split func(s string, atStart bool) []string
 
 	ids     map[string]int32 // symbol text (raw bytes when byteLevel) -> id
 	merges  map[uint64]bpeMerge
@@ -110,7 +112,7 @@ func NewBPE(v *Vocab, merges []string) (*BPE, error) {
 		stages, ignore, _ = preFamily("default")
 	}
 	t := &BPE{v: v, byteLevel: true, ignoreMerges: ignore, unk: v.UNK}
-	t.split = func(s string) []string { return splitWords(s, stages) }
+	t.split = func(s string, _ bool) []string { return splitWords(s, stages) }
 	t.ids = make(map[string]int32, len(v.Tokens))
 	var added []bpeAddedTok
 	for i, s := range v.Tokens {
@@ -195,6 +197,10 @@ func (t *BPE) piece(id int32, s string) []byte {
 	case TypeControl:
 		return nil
 	case TypeUserDefined, TypeUnknown:
+		if !t.byteLevel {
+			// HF runs added tokens through the decoder too: "▁▁" is two spaces.
+			return []byte(strings.ReplaceAll(s, spaceMark, " "))
+		}
 		return []byte(s)
 	case TypeByte:
 		if len(s) == 6 && strings.HasPrefix(s, "<0x") && s[5] == '>' {
@@ -245,9 +251,11 @@ func (t *BPE) Encode(text string, o Options) []int32 {
 		out = append(out, t.v.BOS)
 	}
 	w := t.pool.Get().(*bpeWork)
+	atStart := true
 	t.added.split(text, o.ParseSpecial, false, func(seg string, id int32) {
 		if id >= 0 {
 			out = append(out, id)
+			atStart = false
 			return
 		}
 		if t.normalize != nil {
@@ -256,15 +264,14 @@ func (t *BPE) Encode(text string, o Options) []int32 {
 		t.added.split(seg, o.ParseSpecial, true, func(seg string, id int32) {
 			if id >= 0 {
 				out = append(out, id)
-				return
-			}
-			if t.split == nil {
+			} else if t.split == nil {
 				out = t.encodeWord(w, seg, out)
-				return
+			} else {
+				for _, word := range t.split(seg, atStart) {
+					out = t.encodeWord(w, word, out)
+				}
 			}
-			for _, word := range t.split(seg) {
-				out = t.encodeWord(w, word, out)
-			}
+			atStart = false
 		})
 	})
 	t.pool.Put(w)
