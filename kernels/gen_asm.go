@@ -10,6 +10,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"go/format"
 	"os"
 )
 
@@ -129,7 +130,220 @@ func sm16(name string, n int) {
 	p("RET")
 }
 
+// floatGemm: 4 weight rows (F32, F16 or BF16) × n float32 activation rows,
+// 16 columns per step; the 4·n accumulators are stored whole and summed
+// horizontally by the caller.
+func floatGemm(wt string, n int) {
+	name := fmt.Sprintf("gemm%s_4x%d", wt, n)
+	wstep := 32
+	if wt == "F32" {
+		wstep = 64
+	}
+	fmt.Fprintf(&b, "\n// func %s(w *byte, ws int, x *float32, xs int, nblk int, out *float32)\n", name)
+	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-48\n", name)
+	p("MOVQ w+0(FP), DI")
+	p("MOVQ ws+8(FP), R8")
+	p("MOVQ x+16(FP), SI")
+	p("MOVQ xs+24(FP), R11")
+	p("MOVQ nblk+32(FP), CX")
+	p("MOVQ out+40(FP), R9")
+	p("LEAQ (R8)(R8*2), R10")
+	p("LEAQ (R11)(R11*2), R12")
+	for i := 0; i < 4*n; i++ {
+		p("VPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	waddr := []string{"(DI)", "(DI)(R8*1)", "(DI)(R8*2)", "(DI)(R10*1)"}
+	xaddr := []string{"(SI)", "(SI)(R11*1)", "(SI)(R11*2)", "(SI)(R12*1)"}
+	fmt.Fprintf(&b, "loop:\n")
+	for r := 0; r < 4; r++ {
+		switch wt {
+		case "F32":
+			p("VMOVUPS %s, Z%d", waddr[r], 16+r)
+		case "F16":
+			p("VCVTPH2PS %s, Z%d", waddr[r], 16+r)
+		case "BF16":
+			p("VPMOVZXWD %s, Z%d", waddr[r], 16+r)
+			p("VPSLLD $16, Z%d, Z%d", 16+r, 16+r)
+		}
+	}
+	for i := 0; i < n; i++ {
+		p("VMOVUPS %s, Z%d", xaddr[i], 20+i)
+	}
+	for i := 0; i < n; i++ {
+		for r := 0; r < 4; r++ {
+			p("VFMADD231PS Z%d, Z%d, Z%d", 20+i, 16+r, 4*i+r)
+		}
+	}
+	p("ADDQ $%d, DI", wstep)
+	p("ADDQ $64, SI")
+	p("DECQ CX")
+	p("JNZ loop")
+	for i := 0; i < 4*n; i++ {
+		p("VMOVUPS Z%d, %d(R9)", i, 64*i)
+	}
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// Vector kernels over rows: n need not be a multiple of 16; the tail uses a
+// masked load/store (K1 = the low n%16 lanes).
+type vecKind struct {
+	name  string // suffix
+	width int    // bytes per element of the second operand
+	load  func(addr string, dst int, masked bool)
+}
+
+func loadF32(addr string, dst int, masked bool) {
+	if masked {
+		p("VMOVUPS.Z %s, K1, Z%d", addr, dst)
+	} else {
+		p("VMOVUPS %s, Z%d", addr, dst)
+	}
+}
+
+func loadF16(addr string, dst int, masked bool) {
+	if masked {
+		p("VMOVDQU16.Z %s, K1, Y%d", addr, dst)
+		p("VCVTPH2PS Y%d, Z%d", dst, dst)
+	} else {
+		p("VCVTPH2PS %s, Z%d", addr, dst)
+	}
+}
+
+func loadBF16(addr string, dst int, masked bool) {
+	if masked {
+		p("VMOVDQU16.Z %s, K1, Y%d", addr, dst)
+		p("VPMOVZXWD Y%d, Z%d", dst, dst)
+	} else {
+		p("VPMOVZXWD %s, Z%d", addr, dst)
+	}
+	p("VPSLLD $16, Z%d, Z%d", dst, dst)
+}
+
+var vecKinds = []vecKind{{"F32", 4, loadF32}, {"F16", 2, loadF16}, {"BF16", 2, loadBF16}}
+
+func tailMask() {
+	p("MOVL $1, AX")
+	p("SHLL CX, AX")
+	p("DECL AX")
+	p("KMOVW AX, K1")
+}
+
+// dot: Σ a[i]·b[i], a float32, b of kind k.
+func dot(k vecKind) {
+	fmt.Fprintf(&b, "\n// func dot%sAVX512(a *float32, b unsafe.Pointer, n int) float32\n", k.name)
+	fmt.Fprintf(&b, "TEXT ·dot%sAVX512(SB), NOSPLIT, $0-28\n", k.name)
+	p("MOVQ a+0(FP), SI")
+	p("MOVQ b+8(FP), DI")
+	p("MOVQ n+16(FP), CX")
+	for i := 0; i < 4; i++ {
+		p("VPXORD Z%d, Z%d, Z%d", i, i, i)
+	}
+	fmt.Fprintf(&b, "loop64:\n")
+	p("CMPQ CX, $64")
+	p("JLT loop16")
+	for i := 0; i < 4; i++ {
+		k.load(fmt.Sprintf("%d(DI)", 16*k.width*i), 4+i, false)
+	}
+	for i := 0; i < 4; i++ {
+		p("VFMADD231PS %d(SI), Z%d, Z%d", 64*i, 4+i, i)
+	}
+	p("ADDQ $256, SI")
+	p("ADDQ $%d, DI", 64*k.width)
+	p("SUBQ $64, CX")
+	p("JMP loop64")
+	fmt.Fprintf(&b, "loop16:\n")
+	p("CMPQ CX, $16")
+	p("JLT tail")
+	k.load("(DI)", 4, false)
+	p("VFMADD231PS (SI), Z4, Z0")
+	p("ADDQ $64, SI")
+	p("ADDQ $%d, DI", 16*k.width)
+	p("SUBQ $16, CX")
+	p("JMP loop16")
+	fmt.Fprintf(&b, "tail:\n")
+	p("TESTQ CX, CX")
+	p("JZ done")
+	tailMask()
+	k.load("(DI)", 4, true)
+	p("VMOVUPS.Z (SI), K1, Z5")
+	p("VFMADD231PS Z5, Z4, Z1")
+	fmt.Fprintf(&b, "done:\n")
+	p("VADDPS Z1, Z0, Z0")
+	p("VADDPS Z3, Z2, Z2")
+	p("VADDPS Z2, Z0, Z0")
+	p("VEXTRACTF64X4 $1, Z0, Y1")
+	p("VADDPS Y1, Y0, Y0")
+	p("VEXTRACTF128 $1, Y0, X1")
+	p("VADDPS X1, X0, X0")
+	p("VPERMILPS $0x4e, X0, X1")
+	p("VADDPS X1, X0, X0")
+	p("VPERMILPS $0xb1, X0, X1")
+	p("VADDSS X1, X0, X0")
+	p("VZEROUPPER")
+	p("MOVSS X0, ret+24(FP)")
+	p("RET")
+}
+
+// axpy: out[i] += a·x[i], x of kind k.
+func axpy(k vecKind) {
+	fmt.Fprintf(&b, "\n// func axpy%sAVX512(out *float32, a float32, x unsafe.Pointer, n int)\n", k.name)
+	fmt.Fprintf(&b, "TEXT ·axpy%sAVX512(SB), NOSPLIT, $0-32\n", k.name)
+	p("MOVQ out+0(FP), DI")
+	p("VBROADCASTSS a+8(FP), Z31")
+	p("MOVQ x+16(FP), SI")
+	p("MOVQ n+24(FP), CX")
+	fmt.Fprintf(&b, "loop32:\n")
+	p("CMPQ CX, $32")
+	p("JLT loop16")
+	k.load("(SI)", 4, false)
+	k.load(fmt.Sprintf("%d(SI)", 16*k.width), 5, false)
+	p("VFMADD213PS (DI), Z31, Z4")
+	p("VFMADD213PS 64(DI), Z31, Z5")
+	p("VMOVUPS Z4, (DI)")
+	p("VMOVUPS Z5, 64(DI)")
+	p("ADDQ $128, DI")
+	p("ADDQ $%d, SI", 32*k.width)
+	p("SUBQ $32, CX")
+	p("JMP loop32")
+	fmt.Fprintf(&b, "loop16:\n")
+	p("CMPQ CX, $16")
+	p("JLT tail")
+	k.load("(SI)", 4, false)
+	p("VFMADD213PS (DI), Z31, Z4")
+	p("VMOVUPS Z4, (DI)")
+	p("ADDQ $64, DI")
+	p("ADDQ $%d, SI", 16*k.width)
+	p("SUBQ $16, CX")
+	p("JMP loop16")
+	fmt.Fprintf(&b, "tail:\n")
+	p("TESTQ CX, CX")
+	p("JZ done")
+	tailMask()
+	k.load("(SI)", 4, true)
+	p("VMOVUPS.Z (DI), K1, Z5")
+	p("VFMADD213PS Z5, Z31, Z4")
+	p("VMOVUPS Z4, K1, (DI)")
+	fmt.Fprintf(&b, "done:\n")
+	p("VZEROUPPER")
+	p("RET")
+}
+
+func vecMain() {
+	b.Reset()
+	b.WriteString("// Code generated by gen_asm.go; DO NOT EDIT.\n\n//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
+	for _, k := range vecKinds {
+		dot(k)
+		axpy(k)
+	}
+	if err := os.WriteFile("vec_amd64.s", b.Bytes(), 0o644); err != nil {
+		panic(err)
+	}
+}
+
 func main() {
+	vecMain()
+	b.Reset()
 	b.WriteString("// Code generated by gen_asm.go; DO NOT EDIT.\n\n//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
 	for n := 1; n <= 8; n++ {
 		constK("gemmQ8C", false, n)
@@ -139,6 +353,11 @@ func main() {
 	}
 	for n := 1; n <= 8; n++ {
 		sm16("gemmSM16_", n)
+	}
+	for _, wt := range []string{"F32", "F16", "BF16"} {
+		for n := 1; n <= 4; n++ {
+			floatGemm(wt, n)
+		}
 	}
 	if err := os.WriteFile("matmul_amd64.s", b.Bytes(), 0o644); err != nil {
 		panic(err)
@@ -155,7 +374,21 @@ func main() {
 		}
 		g.WriteString("}\n\n")
 	}
-	if err := os.WriteFile("matmul_stubs_amd64.go", g.Bytes(), 0o644); err != nil {
+	for _, wt := range []string{"F32", "F16", "BF16"} {
+		for n := 1; n <= 4; n++ {
+			fmt.Fprintf(&g, "//go:noescape\nfunc gemm%s_4x%d(w *byte, ws int, x *float32, xs int, nblk int, out *float32)\n\n", wt, n)
+		}
+		fmt.Fprintf(&g, "var gemm%sFns = [5]floatKernel{nil", wt)
+		for n := 1; n <= 4; n++ {
+			fmt.Fprintf(&g, ", gemm%s_4x%d", wt, n)
+		}
+		g.WriteString("}\n\n")
+	}
+	src, err := format.Source(g.Bytes())
+	if err != nil {
+		panic(err)
+	}
+	if err := os.WriteFile("matmul_stubs_amd64.go", src, 0o644); err != nil {
 		panic(err)
 	}
 }

@@ -4,7 +4,6 @@ package kernels
 
 import (
 	"sync"
-	"unsafe"
 
 	"golang.org/x/sys/cpu"
 )
@@ -44,7 +43,7 @@ var actPool = sync.Pool{New: func() any { return new(actBuf) }}
 func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	pk := w.packedOf()
 	if pk.kind == packNone {
-		matMulFloat(p, w, x, out, batch)
+		matMulFloatAVX512(p, w, x, out, batch)
 		return
 	}
 	if batch <= 0 {
@@ -90,5 +89,3 @@ func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 		}
 	})
 }
-
-var _ = unsafe.Pointer(nil)

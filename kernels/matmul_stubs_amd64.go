@@ -81,3 +81,45 @@ func gemmSM16_7(w *byte, x *int8, st *float32, out *float32, nb int)
 func gemmSM16_8(w *byte, x *int8, st *float32, out *float32, nb int)
 
 var gemmSM16_Fns = [9]gemmKernel{nil, gemmSM16_1, gemmSM16_2, gemmSM16_3, gemmSM16_4, gemmSM16_5, gemmSM16_6, gemmSM16_7, gemmSM16_8}
+
+//go:noescape
+func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmF32_4x2(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmF32_4x3(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmF32_4x4(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+var gemmF32Fns = [5]floatKernel{nil, gemmF32_4x1, gemmF32_4x2, gemmF32_4x3, gemmF32_4x4}
+
+//go:noescape
+func gemmF16_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmF16_4x2(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmF16_4x3(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmF16_4x4(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+var gemmF16Fns = [5]floatKernel{nil, gemmF16_4x1, gemmF16_4x2, gemmF16_4x3, gemmF16_4x4}
+
+//go:noescape
+func gemmBF16_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmBF16_4x2(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmBF16_4x3(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+//go:noescape
+func gemmBF16_4x4(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+var gemmBF16Fns = [5]floatKernel{nil, gemmBF16_4x1, gemmBF16_4x2, gemmBF16_4x3, gemmBF16_4x4}

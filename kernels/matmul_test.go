@@ -111,6 +111,9 @@ func testMatMul(t *testing.T) {
 		if actTypeFor(typ) == quant.Q8_K {
 			colsList = []int{256, 512}
 		}
+		if typ.BlockSize() == 1 {
+			colsList = append(colsList, 7, 40)
+		}
 		for _, cols := range colsList {
 			for _, rows := range []int{1, 15, 16, 17, 40} {
 				m, deq := randMatrix(t, r, typ, rows, cols)

@@ -2,5 +2,4 @@
 
 package kernels
 
-func setFloatAVX512() {}
 func setFloatAVX2()   {}

@@ -1,0 +1,85 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import (
+	"unsafe"
+
+	"pagoda/quant"
+)
+
+// floatKernel multiplies 4 weight rows by n activation rows over nblk·16
+// columns, leaving 4·n vectors of 16 partial sums in out.
+type floatKernel func(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
+
+// matMulFloatAVX512 runs F32, F16 and BF16 weights through the 4×n FMA
+// micro-kernels: each weight vector is converted once and used against up to
+// four activation rows held in registers.
+func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
+	var fns *[5]floatKernel
+	switch w.Type {
+	case quant.F32:
+		fns = &gemmF32Fns
+	case quant.F16:
+		fns = &gemmF16Fns
+	case quant.BF16:
+		fns = &gemmBF16Fns
+	}
+	if fns == nil || w.Cols%16 != 0 || w.Cols == 0 || batch <= 0 {
+		MatMulRef(p, w, x, out, batch)
+		return
+	}
+	_ = x[batch*w.Cols-1]
+	_ = out[batch*w.Rows-1]
+	rows, cols := w.Rows, w.Cols
+	quads := (rows + 3) / 4
+	xs := cols * 4
+	// Activation rows per pass: keep the chunk within L2.
+	chunk := max(4, (512<<10)/xs&^3)
+	p.For(quads, 4, func(lo, hi int) {
+		var tmp [16 * 16]float32
+		for b0 := 0; b0 < batch; b0 += chunk {
+			b1 := min(batch, b0+chunk)
+			for q := lo; q < hi; q++ {
+				r0 := 4 * q
+				if r0+4 > rows {
+					// Ragged last rows: one row at a time.
+					for r := r0; r < rows; r++ {
+						wr := w.Row(r)
+						for b := b0; b < b1; b++ {
+							out[b*rows+r] = dotRow(w.Type, wr, x[b*cols:(b+1)*cols])
+						}
+					}
+					continue
+				}
+				wp := &w.Data[r0*w.RowBytes]
+				for b := b0; b < b1; b += 4 {
+					n := min(4, b1-b)
+					fns[n](wp, w.RowBytes, &x[b*cols], xs, cols/16, &tmp[0])
+					for i := 0; i < n; i++ {
+						for r := 0; r < 4; r++ {
+							out[(b+i)*rows+r0+r] = hsum16(tmp[(4*i+r)*16:])
+						}
+					}
+				}
+			}
+		}
+	})
+}
+
+func hsum16(v []float32) float32 {
+	v = v[:16]
+	return ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
+		((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15]))
+}
+
+// dotRow is one weight row (stored as t) against float32 x.
+func dotRow(t quant.Type, row []byte, x []float32) float32 {
+	switch t {
+	case quant.F16:
+		return DotF16(x, unsafe.Slice((*uint16)(unsafe.Pointer(&row[0])), len(x)))
+	case quant.BF16:
+		return DotBF16(x, unsafe.Slice((*uint16)(unsafe.Pointer(&row[0])), len(x)))
+	}
+	return DotF32(x, unsafe.Slice((*float32)(unsafe.Pointer(&row[0])), len(x)))
+}

@@ -1,0 +1,83 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import "unsafe"
+
+//go:noescape
+func dotF32AVX512(a *float32, b unsafe.Pointer, n int) float32
+
+//go:noescape
+func dotF16AVX512(a *float32, b unsafe.Pointer, n int) float32
+
+//go:noescape
+func dotBF16AVX512(a *float32, b unsafe.Pointer, n int) float32
+
+//go:noescape
+func axpyF32AVX512(out *float32, a float32, x unsafe.Pointer, n int)
+
+//go:noescape
+func axpyF16AVX512(out *float32, a float32, x unsafe.Pointer, n int)
+
+//go:noescape
+func axpyBF16AVX512(out *float32, a float32, x unsafe.Pointer, n int)
+
+// The wrappers keep the references' bounds behaviour: the second operand
+// must be at least as long as the first.
+
+func dotF32Vec(a, b []float32) float32 {
+	if len(a) == 0 {
+		return 0
+	}
+	_ = b[len(a)-1]
+	return dotF32AVX512(&a[0], unsafe.Pointer(&b[0]), len(a))
+}
+
+func dotF16Vec(q []float32, k []uint16) float32 {
+	if len(q) == 0 {
+		return 0
+	}
+	_ = k[len(q)-1]
+	return dotF16AVX512(&q[0], unsafe.Pointer(&k[0]), len(q))
+}
+
+func dotBF16Vec(q []float32, k []uint16) float32 {
+	if len(q) == 0 {
+		return 0
+	}
+	_ = k[len(q)-1]
+	return dotBF16AVX512(&q[0], unsafe.Pointer(&k[0]), len(q))
+}
+
+func axpyF32Vec(out []float32, a float32, x []float32) {
+	if len(out) == 0 {
+		return
+	}
+	_ = x[len(out)-1]
+	axpyF32AVX512(&out[0], a, unsafe.Pointer(&x[0]), len(out))
+}
+
+func axpyF16Vec(out []float32, a float32, v []uint16) {
+	if len(out) == 0 {
+		return
+	}
+	_ = v[len(out)-1]
+	axpyF16AVX512(&out[0], a, unsafe.Pointer(&v[0]), len(out))
+}
+
+func axpyBF16Vec(out []float32, a float32, v []uint16) {
+	if len(out) == 0 {
+		return
+	}
+	_ = v[len(out)-1]
+	axpyBF16AVX512(&out[0], a, unsafe.Pointer(&v[0]), len(out))
+}
+
+func setFloatAVX512() {
+	dotF32 = dotF32Vec
+	dotF16 = dotF16Vec
+	dotBF16 = dotBF16Vec
+	axpyF32 = axpyF32Vec
+	axpyF16 = axpyF16Vec
+	axpyBF16 = axpyBF16Vec
+}
