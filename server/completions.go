@@ -223,7 +223,7 @@ func (m orderedMap) MarshalJSON() ([]byte, error) {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		k, _ := json.Marshal(e.k)
+		k, _ := marshal(e.k)
 		b.Write(k)
 		b.WriteByte(':')
 		b.WriteString(strconv.FormatFloat(e.v, 'g', -1, 64))

@@ -40,7 +40,7 @@ func badRequest(param, format string, args ...any) *apiError {
 }
 
 func writeAPIError(w http.ResponseWriter, e *apiError) {
-	b, _ := json.Marshal(e)
+	b, _ := marshal(e)
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(b)

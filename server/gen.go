@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"math"
 	"net/http"
@@ -222,9 +221,9 @@ func (s *sse) send(v any) {
 	if s.failed {
 		return
 	}
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
-		b, _ = json.Marshal(&apiError{Status: 500, Type: "server_error", Message: "encoding chunk: " + err.Error()})
+		b, _ = marshal(&apiError{Status: 500, Type: "server_error", Message: "encoding chunk: " + err.Error()})
 	}
 	s.raw(b)
 }

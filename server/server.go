@@ -1,6 +1,7 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -254,8 +255,20 @@ func (s *Server) checkModel(name string) *apiError {
 	return nil
 }
 
+// marshal is json.Marshal without HTML escaping: token text such as "<s>"
+// should read as itself.
+func marshal(v any) ([]byte, error) {
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
+}
+
 func writeJSON(w http.ResponseWriter, v any) {
-	b, err := json.Marshal(v)
+	b, err := marshal(v)
 	if err != nil {
 		writeAPIError(w, &apiError{Status: 500, Type: "server_error", Message: "encoding response: " + err.Error()})
 		return
@@ -277,7 +290,7 @@ func decodeBody(r *http.Request, v any) *apiError {
 			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
 		case errors.As(err, &ute):
-			field := ute.Field
+			field := strings.TrimPrefix(ute.Field, "commonParams.")
 			return badRequest(field, "invalid type for %q: expected %s, got JSON %s", field, ute.Type, ute.Value)
 		case errors.As(err, &se):
 			return badRequest("", "malformed JSON body at offset %d: %v", se.Offset, err)
