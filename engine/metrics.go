@@ -1,0 +1,61 @@
+package engine
+
+import (
+	"fmt"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are vLLM's, by name, so dashboards built for vLLM read Pagoda.
+// Prometheus allows ':' in metric names (it is reserved for recording
+// rules by convention, which vLLM ignores; so do we, for compatibility).
+type metrics struct {
+	waiting, running, kvUsage                                       prometheus.Gauge
+	promptTokens, genTokens, prefixQueries, prefixHits, preemptions prometheus.Counter
+	success                                                         *prometheus.CounterVec
+	ttft, itl, tpot, e2e                                            prometheus.Histogram
+}
+
+func newMetrics(reg *prometheus.Registry, modelName string) (*metrics, error) {
+	cl := prometheus.Labels{"model_name": modelName}
+	g := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl})
+	}
+	c := func(name, help string) prometheus.Counter {
+		return prometheus.NewCounter(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: cl})
+	}
+	h := func(name, help string, buckets []float64) prometheus.Histogram {
+		return prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: cl, Buckets: buckets})
+	}
+	m := &metrics{
+		waiting:       g("vllm:num_requests_waiting", "Number of requests waiting to be processed."),
+		running:       g("vllm:num_requests_running", "Number of requests in model execution batches."),
+		kvUsage:       g("vllm:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+		promptTokens:  c("vllm:prompt_tokens_total", "Number of prefill tokens processed."),
+		genTokens:     c("vllm:generation_tokens_total", "Number of generation tokens processed."),
+		prefixQueries: c("vllm:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
+		prefixHits:    c("vllm:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+		preemptions:   c("vllm:num_preemptions_total", "Cumulative number of preemptions from the engine."),
+		success: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "vllm:request_success_total", Help: "Count of successfully processed requests.", ConstLabels: cl,
+		}, []string{"finished_reason"}),
+		ttft: h("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.",
+			[]float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+		itl: h("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.",
+			[]float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+		tpot: h("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.",
+			[]float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10, 20, 40, 80}),
+		e2e: h("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.",
+			[]float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240, 480, 960, 1920, 7680}),
+	}
+	if reg == nil {
+		return m, nil
+	}
+	for _, col := range []prometheus.Collector{m.waiting, m.running, m.kvUsage, m.promptTokens, m.genTokens,
+		m.prefixQueries, m.prefixHits, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e} {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("engine: registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}

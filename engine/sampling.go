@@ -1,0 +1,30 @@
+package engine
+
+import (
+	"pagoda/sample"
+)
+
+// tokenSampler is what the step loop needs of a sampler: one per sequence.
+type tokenSampler interface {
+	Sample(logits []float32, history []int32) int32
+}
+
+// newSampler builds the sampler of completion index of a request. With a
+// seed, completion i draws from seed+i so parallel completions differ yet
+// each is reproducible.
+func newSampler(p sample.Params, index int) (tokenSampler, error) {
+	if p.HasSeed {
+		p.Seed += uint64(index)
+	}
+	return sample.New(p)
+}
+
+// topLogprobs picks the k most likely tokens of logits, best first.
+func topLogprobs(logits []float32, k int) []TokenLogprob {
+	top := sample.TopLogprobs(logits, k)
+	out := make([]TokenLogprob, len(top))
+	for i, t := range top {
+		out[i] = TokenLogprob(t)
+	}
+	return out
+}
