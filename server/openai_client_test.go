@@ -1,0 +1,104 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+)
+
+// TestOpenAINodeClient runs the official openai-node client against the
+// server. It needs node and an installed "openai" package: set
+// PAGODA_OPENAI_NODE_MODULES to its node_modules folder (default
+// /tmp/oaiclient/node_modules, made by `npm install openai` there).
+func TestOpenAINodeClient(t *testing.T) {
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Skip("node not installed")
+	}
+	mods := os.Getenv("PAGODA_OPENAI_NODE_MODULES")
+	if mods == "" {
+		mods = "/tmp/oaiclient/node_modules"
+	}
+	if _, err := os.Stat(filepath.Join(mods, "openai", "package.json")); err != nil {
+		t.Skipf("openai-node not found in %s (npm install openai there, or set PAGODA_OPENAI_NODE_MODULES)", mods)
+	}
+	script, err := filepath.Abs("testdata/openai_client.js")
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFake()
+	ts := startServer(t, f, Options{APIKey: "test-key"})
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, node, script, ts.URL+"/v1", "test-key")
+	cmd.Env = append(os.Environ(), "NODE_PATH="+mods)
+	cmd.Stderr = os.Stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("node client: %v\n%s", err, out)
+	}
+	var got struct {
+		Version string
+		Models  []string
+		Chat    struct {
+			ID, Content, Role, Finish string
+			Usage                     struct{ Prompt_tokens, Completion_tokens, Total_tokens int }
+			Lp                        [][2]any
+		}
+		ChatStream struct {
+			Texts  []string
+			Finish []string
+			Usage  struct{ Completion_tokens int }
+			Chunks int
+		}
+		Completion struct {
+			Texts  []string
+			Object string
+			Usage  struct{ Prompt_tokens, Completion_tokens int }
+		}
+		CompletionStream struct{ Text, Finish string }
+		BadRequest       struct {
+			Status      int
+			Param, Type string
+		}
+		BadKey struct {
+			Status int
+			Code   string
+		}
+	}
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	t.Logf("openai-node %s", got.Version)
+	if !reflect.DeepEqual(got.Models, []string{"fake-model"}) {
+		t.Errorf("models %v", got.Models)
+	}
+	c := got.Chat
+	if c.Content != "abc" || c.Role != "assistant" || c.Finish != "length" || c.Usage.Completion_tokens != 3 ||
+		c.Usage.Total_tokens != c.Usage.Prompt_tokens+3 || len(c.Lp) != 3 || c.Lp[0][0] != "a" || c.Lp[0][1] != -0.5 {
+		t.Errorf("chat: %+v", c)
+	}
+	cs := got.ChatStream
+	if !reflect.DeepEqual(cs.Texts, []string{"abcd", "bcde"}) || !reflect.DeepEqual(cs.Finish, []string{"length", "length"}) ||
+		cs.Usage.Completion_tokens != 8 {
+		t.Errorf("chat stream: %+v", cs)
+	}
+	if !reflect.DeepEqual(got.Completion.Texts, []string{"abab", "cdab"}) || got.Completion.Object != "text_completion" ||
+		got.Completion.Usage.Prompt_tokens != 6 || got.Completion.Usage.Completion_tokens != 4 {
+		t.Errorf("completion: %+v", got.Completion)
+	}
+	if got.CompletionStream.Text != "abc" || got.CompletionStream.Finish != "length" {
+		t.Errorf("completion stream: %+v", got.CompletionStream)
+	}
+	if got.BadRequest.Status != 400 || got.BadRequest.Param != "temperature" || got.BadRequest.Type != "invalid_request_error" {
+		t.Errorf("bad request: %+v", got.BadRequest)
+	}
+	if got.BadKey.Status != 401 || got.BadKey.Code != "invalid_api_key" {
+		t.Errorf("bad key: %+v", got.BadKey)
+	}
+}
