@@ -167,9 +167,15 @@ func FromGGUF(f *gguf.File) (Tokenizer, error) {
 	if err != nil {
 		return nil, err
 	}
+	name, _ := f.String("general.name")
 	switch v.Model {
 	case "llama":
-		return NewSPM(v)
+		t, err := NewSPM(v)
+		if err != nil {
+			return nil, err
+		}
+		t.special.applyNameRules(name)
+		return t, nil
 	case "gpt2":
 		if len(merges) == 0 {
 			return nil, fmt.Errorf("tokenizer: gguf: gpt2 vocabulary without tokenizer.ggml.merges")

@@ -68,6 +68,17 @@ func TestGGUFSpecialTokens(t *testing.T) {
 	if parsed[0] != 1 || parsed[1] != 32010 || parsed[len(parsed)-1] != 32007 {
 		t.Errorf("parsed %v: want BOS, <|user|>, ..., <|end|>", parsed)
 	}
+	// llama.cpp drops the white space after Phi-3's special tokens (keyed
+	// on general.name); these ids are llama.cpp's.
+	chat := phi.Encode("<|user|>\nSYS\nHI<|end|>\n<|assistant|>\n", Options{ParseSpecial: true, AddSpecial: true})
+	if want := []int32{1, 32010, 317, 21554, 13, 17628, 32007, 32001}; !slices.Equal(chat, want) {
+		t.Errorf("phi-3 chat turn %v, want %v", chat, want)
+	}
+	// Other models keep it.
+	spm := loadGGUF(t, "ggml-vocab-llama-spm.gguf")
+	if got := spm.Encode("</s>\nHi", Options{ParseSpecial: true}); len(got) < 3 || got[0] != 2 || !slices.Contains(got, 13) {
+		t.Errorf("llama-spm lost the newline after </s>: %v", got)
+	}
 	plain := phi.Encode(text, Options{})
 	if slices.Contains(plain, 32010) || slices.Contains(plain, 32007) {
 		t.Errorf("without ParseSpecial control tokens were produced: %v", plain)

@@ -19,8 +19,11 @@ type fragment struct {
 type specialMatcher struct {
 	ids   []int32 // control/unknown/user-defined tokens, longest text first
 	texts []string
-	user  []bool     // user-defined: matched even without ParseSpecial
-	first [256][]int // indices into ids by first byte of the text
+	user  []bool // user-defined: matched even without ParseSpecial
+	// lstrip/rstrip drop the white space before/after the token (llama.cpp
+	// LLAMA_TOKEN_ATTR_LSTRIP/RSTRIP).
+	lstrip, rstrip []bool
+	first          [256][]int // indices into ids by first byte of the text
 }
 
 func newSpecialMatcher(v *Vocab) *specialMatcher {
@@ -42,6 +45,8 @@ func newSpecialMatcher(v *Vocab) *specialMatcher {
 	m.ids = ids
 	m.texts = make([]string, len(ids))
 	m.user = make([]bool, len(ids))
+	m.lstrip = make([]bool, len(ids))
+	m.rstrip = make([]bool, len(ids))
 	for k, id := range ids {
 		s := v.Tokens[id]
 		m.texts[k] = s
@@ -73,11 +78,18 @@ func (m *specialMatcher) split(text string, parseSpecial bool) []fragment {
 				if i < 0 {
 					break
 				}
-				if i > 0 {
-					next = append(next, fragment{text: rest[:i], id: -1})
+				left := rest[:i]
+				if m.lstrip[k] {
+					left = strings.TrimRightFunc(left, isCSpace)
+				}
+				if left != "" {
+					next = append(next, fragment{text: left, id: -1})
 				}
 				next = append(next, fragment{id: id})
 				rest = rest[i+len(tok):]
+				if m.rstrip[k] {
+					rest = strings.TrimLeftFunc(rest, isCSpace)
+				}
 			}
 			if rest != "" {
 				next = append(next, fragment{text: rest, id: -1})
@@ -114,4 +126,27 @@ func (m *specialMatcher) present(text string, parseSpecial bool) []int {
 	}
 	sort.Ints(out) // k order is longest-first
 	return out
+}
+
+// isCSpace is C's isspace, which llama.cpp strips with.
+func isCSpace(r rune) bool {
+	return r == ' ' || (r >= '\t' && r <= '\r')
+}
+
+// applyNameRules sets the strip attributes that llama.cpp derives from the
+// model's general.name rather than from the file's token data: Phi-3 drops
+// the white space after its special tokens (except <unk>, <s> and
+// <|endoftext|>), so "<|user|>\nHi" tokenizes like "<|user|>Hi".
+func (m *specialMatcher) applyNameRules(modelName string) {
+	name := strings.ToLower(modelName)
+	if !strings.Contains(name, "phi-3") && !strings.Contains(name, "phi3") {
+		return
+	}
+	for k, tok := range m.texts {
+		switch tok {
+		case "<unk>", "<s>", "<|endoftext|>":
+		default:
+			m.rstrip[k] = true
+		}
+	}
 }
