@@ -47,7 +47,7 @@ type Vocab struct {
 	Scores []float32
 	Types  []int32
 
-	BOS, EOS, UNK, PAD, EOT int32 // -1 when absent
+	BOS, EOS, UNK, PAD, EOT int32   // -1 when absent
 	EOG                     []int32 // every id that ends generation
 	AddBOS, AddEOS          bool
 	AddSpacePrefix          bool // SPM: encode as if the text began with "▁"
