@@ -1,0 +1,273 @@
+package bench
+
+import (
+	"cmp"
+	"fmt"
+	"io"
+	"math"
+	"slices"
+	"strings"
+	"time"
+)
+
+// RequestOutput is what one benchmark request measured. Times are offsets
+// from the start of the run.
+type RequestOutput struct {
+	Success      bool
+	Error        string
+	PromptLen    int             // prompt tokens (server usage when reported, else the dataset's count)
+	OutputTokens int             // generated tokens (server usage when reported, else streamed chunks)
+	Start        time.Duration   // request sent
+	TTFT         time.Duration   // first streamed token − Start
+	ITL          []time.Duration // gaps between streamed token chunks
+	Latency      time.Duration   // last streamed token − Start (vLLM's "latency")
+	Arrivals     []time.Duration // each token chunk, for peak throughput
+	ChunkTokens  []int           // tokens per arrival (1 unless the chunk carried several)
+	End          time.Duration   // response fully read
+	Text         string
+}
+
+// Stats summarises one latency metric in milliseconds.
+type Stats struct {
+	Mean, Median, Std, P99 float64
+}
+
+// Result is the outcome of a run, with vLLM `bench serve` field names in
+// its JSON form.
+type Result struct {
+	Endpoint        string  `json:"endpoint"`
+	Dataset         string  `json:"dataset"`
+	Model           string  `json:"model_id"`
+	NumPrompts      int     `json:"num_prompts"`
+	RequestRate     float64 `json:"-"`
+	RequestRateJSON any     `json:"request_rate"` // number or "inf"
+	MaxConcurrency  int     `json:"max_concurrency"`
+
+	Duration             float64 `json:"duration"` // seconds
+	Completed            int     `json:"completed"`
+	Failed               int     `json:"failed"`
+	TotalInput           int     `json:"total_input_tokens"`
+	TotalOutput          int     `json:"total_output_tokens"`
+	RequestThroughput    float64 `json:"request_throughput"`
+	OutputThroughput     float64 `json:"output_throughput"`
+	TotalTokenThroughput float64 `json:"total_token_throughput"`
+	PeakOutputThroughput float64 `json:"max_output_tokens_per_s"`
+	PeakConcurrent       int     `json:"max_concurrent_requests"`
+
+	MeanTTFT   float64 `json:"mean_ttft_ms"`
+	MedianTTFT float64 `json:"median_ttft_ms"`
+	StdTTFT    float64 `json:"std_ttft_ms"`
+	P99TTFT    float64 `json:"p99_ttft_ms"`
+	MeanTPOT   float64 `json:"mean_tpot_ms"`
+	MedianTPOT float64 `json:"median_tpot_ms"`
+	StdTPOT    float64 `json:"std_tpot_ms"`
+	P99TPOT    float64 `json:"p99_tpot_ms"`
+	MeanITL    float64 `json:"mean_itl_ms"`
+	MedianITL  float64 `json:"median_itl_ms"`
+	StdITL     float64 `json:"std_itl_ms"`
+	P99ITL     float64 `json:"p99_itl_ms"`
+	MeanE2EL   float64 `json:"mean_e2el_ms"`
+	MedianE2EL float64 `json:"median_e2el_ms"`
+	StdE2EL    float64 `json:"std_e2el_ms"`
+	P99E2EL    float64 `json:"p99_e2el_ms"`
+
+	InputLens  []int       `json:"input_lens"`
+	OutputLens []int       `json:"output_lens"`
+	TTFTs      []float64   `json:"ttfts"` // seconds, per request (0 for failures)
+	ITLs       [][]float64 `json:"itls"`  // seconds
+	Errors     []string    `json:"errors"`
+
+	// Server-side figures scraped from /metrics (nil when unavailable):
+	// counters as the change over the run, gauges as read after it.
+	PrefixCacheHitRate *float64           `json:"prefix_cache_hit_rate,omitempty"` // 0..1
+	ServerMetrics      map[string]float64 `json:"server_metrics,omitempty"`
+}
+
+// percentile is numpy's default (linear interpolation between closest
+// ranks) over sorted xs.
+func percentile(sorted []float64, p float64) float64 {
+	n := len(sorted)
+	if n == 0 {
+		return 0
+	}
+	r := p / 100 * float64(n-1)
+	lo := int(math.Floor(r))
+	hi := int(math.Ceil(r))
+	return sorted[lo] + (sorted[hi]-sorted[lo])*(r-float64(lo))
+}
+
+func summarize(xs []float64) Stats {
+	if len(xs) == 0 {
+		return Stats{}
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	var sum float64
+	for _, x := range s {
+		sum += x
+	}
+	mean := sum / float64(len(s))
+	var ss float64
+	for _, x := range s {
+		ss += (x - mean) * (x - mean)
+	}
+	return Stats{Mean: mean, Median: percentile(s, 50), Std: math.Sqrt(ss / float64(len(s))), P99: percentile(s, 99)}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// Compute turns per-request measurements into the run's metrics, with
+// vLLM's definitions: TTFT and E2EL over successful requests, TPOT =
+// (latency − TTFT)/(output tokens − 1) over those with more than one token,
+// ITL over every gap of every request, throughputs over the wall duration.
+func Compute(outs []RequestOutput, duration time.Duration) *Result {
+	r := &Result{Duration: duration.Seconds()}
+	var ttft, tpot, itl, e2el []float64
+	type ev struct {
+		t     time.Duration
+		delta int
+	}
+	var live []ev
+	var arrivals []time.Duration
+	var arrivalTokens []int
+	for _, o := range outs {
+		r.InputLens = append(r.InputLens, o.PromptLen)
+		if !o.Success {
+			r.Failed++
+			r.OutputLens = append(r.OutputLens, 0)
+			r.TTFTs = append(r.TTFTs, 0)
+			r.ITLs = append(r.ITLs, []float64{})
+			r.Errors = append(r.Errors, o.Error)
+			continue
+		}
+		r.Completed++
+		r.Errors = append(r.Errors, "")
+		r.TotalInput += o.PromptLen
+		r.TotalOutput += o.OutputTokens
+		r.OutputLens = append(r.OutputLens, o.OutputTokens)
+		r.TTFTs = append(r.TTFTs, o.TTFT.Seconds())
+		ttft = append(ttft, ms(o.TTFT))
+		e2el = append(e2el, ms(o.Latency))
+		if o.OutputTokens > 1 {
+			tpot = append(tpot, ms(o.Latency-o.TTFT)/float64(o.OutputTokens-1))
+		}
+		gaps := make([]float64, len(o.ITL))
+		for i, g := range o.ITL {
+			itl = append(itl, ms(g))
+			gaps[i] = g.Seconds()
+		}
+		r.ITLs = append(r.ITLs, gaps)
+		live = append(live, ev{o.Start, 1}, ev{o.End, -1})
+		arrivals = append(arrivals, o.Arrivals...)
+		for i := range o.Arrivals {
+			n := 1
+			if i < len(o.ChunkTokens) {
+				n = o.ChunkTokens[i]
+			}
+			arrivalTokens = append(arrivalTokens, n)
+		}
+	}
+	if duration > 0 {
+		sec := duration.Seconds()
+		r.RequestThroughput = float64(r.Completed) / sec
+		r.OutputThroughput = float64(r.TotalOutput) / sec
+		r.TotalTokenThroughput = float64(r.TotalInput+r.TotalOutput) / sec
+	}
+	// Peak output throughput: the busiest whole second since the start.
+	perSec := map[int64]int{}
+	for i, a := range arrivals {
+		perSec[int64(a/time.Second)] += arrivalTokens[i]
+	}
+	for _, n := range perSec {
+		r.PeakOutputThroughput = max(r.PeakOutputThroughput, float64(n))
+	}
+	// Peak concurrency: ends sort before starts at the same instant.
+	slices.SortFunc(live, func(a, b ev) int {
+		if a.t != b.t {
+			return cmp.Compare(a.t, b.t)
+		}
+		return a.delta - b.delta
+	})
+	cur := 0
+	for _, e := range live {
+		cur += e.delta
+		r.PeakConcurrent = max(r.PeakConcurrent, cur)
+	}
+	s := summarize(ttft)
+	r.MeanTTFT, r.MedianTTFT, r.StdTTFT, r.P99TTFT = s.Mean, s.Median, s.Std, s.P99
+	s = summarize(tpot)
+	r.MeanTPOT, r.MedianTPOT, r.StdTPOT, r.P99TPOT = s.Mean, s.Median, s.Std, s.P99
+	s = summarize(itl)
+	r.MeanITL, r.MedianITL, r.StdITL, r.P99ITL = s.Mean, s.Median, s.Std, s.P99
+	s = summarize(e2el)
+	r.MeanE2EL, r.MedianE2EL, r.StdE2EL, r.P99E2EL = s.Mean, s.Median, s.Std, s.P99
+	return r
+}
+
+// center is Python's '{s:{c}^{n}}' (the extra fill goes right).
+func center(s string, n int, c byte) string {
+	pad := n - len(s)
+	if pad <= 0 {
+		return s
+	}
+	l := pad / 2
+	return strings.Repeat(string(c), l) + s + strings.Repeat(string(c), pad-l)
+}
+
+// Print writes the result as vLLM's `bench serve` table.
+func (r *Result) Print(w io.Writer) {
+	row := func(label string, v any) {
+		var s string
+		switch x := v.(type) {
+		case float64:
+			s = fmt.Sprintf("%.2f", x)
+		default:
+			s = fmt.Sprint(x)
+		}
+		fmt.Fprintf(w, "%-40s %-10s\n", label, s)
+	}
+	fmt.Fprintln(w, center(" Serving Benchmark Result ", 50, '='))
+	row("Successful requests:", r.Completed)
+	row("Failed requests:", r.Failed)
+	if r.MaxConcurrency > 0 {
+		row("Maximum request concurrency:", r.MaxConcurrency)
+	}
+	if math.IsInf(r.RequestRate, 1) || r.RequestRate <= 0 {
+		row("Request rate configured (RPS):", "inf")
+	} else {
+		row("Request rate configured (RPS):", r.RequestRate)
+	}
+	row("Benchmark duration (s):", r.Duration)
+	row("Total input tokens:", r.TotalInput)
+	row("Total generated tokens:", r.TotalOutput)
+	row("Request throughput (req/s):", r.RequestThroughput)
+	row("Output token throughput (tok/s):", r.OutputThroughput)
+	row("Peak output token throughput (tok/s):", r.PeakOutputThroughput)
+	row("Peak concurrent requests:", r.PeakConcurrent)
+	row("Total Token throughput (tok/s):", r.TotalTokenThroughput)
+	section := func(title, short string, mean, median, p99 float64) {
+		fmt.Fprintln(w, center(title, 50, '-'))
+		row("Mean "+short+" (ms):", mean)
+		row("Median "+short+" (ms):", median)
+		row("P99 "+short+" (ms):", p99)
+	}
+	section("Time to First Token", "TTFT", r.MeanTTFT, r.MedianTTFT, r.P99TTFT)
+	section("Time per Output Token (excl. 1st token)", "TPOT", r.MeanTPOT, r.MedianTPOT, r.P99TPOT)
+	section("Inter-token Latency", "ITL", r.MeanITL, r.MedianITL, r.P99ITL)
+	section("End-to-end Latency", "E2EL", r.MeanE2EL, r.MedianE2EL, r.P99E2EL)
+	if r.PrefixCacheHitRate != nil || len(r.ServerMetrics) > 0 {
+		fmt.Fprintln(w, center("Server Metrics", 50, '-'))
+		if r.PrefixCacheHitRate != nil {
+			row("Prefix cache hit rate (%):", *r.PrefixCacheHitRate*100)
+		}
+		names := make([]string, 0, len(r.ServerMetrics))
+		for k := range r.ServerMetrics {
+			names = append(names, k)
+		}
+		slices.Sort(names)
+		for _, k := range names {
+			row(k+":", r.ServerMetrics[k])
+		}
+	}
+	fmt.Fprintln(w, strings.Repeat("=", 50))
+}
