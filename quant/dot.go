@@ -156,7 +156,7 @@ func quantQ8_1(x []float32, y []byte) {
 	qs := y[4:36]
 	var sum int32
 	for j := range qs {
-		q := int8(math.Round(float64(float32(x[j] * id))))
+		q := int8(roundf(float32(x[j] * id)))
 		qs[j] = byte(q)
 		sum += int32(q)
 	}

@@ -250,3 +250,16 @@ func TestDequantizeHandBuilt(t *testing.T) {
 		}
 	}
 }
+
+func TestRoundf(t *testing.T) {
+	rng := rand.New(rand.NewPCG(19, 20))
+	vals := []float32{0, 0.5, -0.5, 1.5, -1.5, 2.5, 0.49999997, -0.49999997, 126.5, -127.5, 127, 1e-30}
+	for i := 0; i < 100000; i++ {
+		vals = append(vals, float32(rng.Float64()*300-150), float32(rng.IntN(300)-150)+0.5)
+	}
+	for _, v := range vals {
+		if got, want := roundf(v), int32(math.Round(float64(v))); got != want {
+			t.Fatalf("roundf(%v) = %d, want %d", v, got, want)
+		}
+	}
+}

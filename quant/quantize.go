@@ -125,6 +125,19 @@ func minMax(x []float32) (min, max float32) {
 	return
 }
 
+// roundf is C's roundf (half away from zero) to an integer, for
+// |v| < 2²³; v - trunc(v) is exact there, so the comparison is too.
+func roundf(v float32) int32 {
+	i := int32(v)
+	f := v - float32(i)
+	if f >= 0.5 {
+		i++
+	} else if f <= -0.5 {
+		i--
+	}
+	return i
+}
+
 // truncInt is C's float→int conversion (toward zero) for in-range values.
 func truncInt(f float32) int32 { return int32(f) }
 
@@ -208,8 +221,7 @@ func quantQ8_0(x []float32, y []byte) {
 	putF16(y, 0, d)
 	qs := y[2:34]
 	for j := range qs {
-		// roundf: half away from zero, which math.Round is.
-		qs[j] = byte(int8(math.Round(float64(float32(x[j] * id)))))
+		qs[j] = byte(roundf(float32(x[j] * id)))
 	}
 }
 
