@@ -187,3 +187,34 @@ func TestLoadErrors(t *testing.T) {
 		t.Errorf("llama2.c dir: %d tokens", tok.Vocab().Size())
 	}
 }
+
+// TestModelGGUFVocabs: the vocabularies inside model files tokenize like
+// their reference tokenizers.
+func TestModelGGUFVocabs(t *testing.T) {
+	tok, err := Load(testutil.Shared(t, "models/gguf/stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := tok.Encode("Once upon a time", Options{AddSpecial: true})
+	if want := []int32{1, 403, 407, 261, 378}; !slices.Equal(got, want) {
+		t.Errorf("stories260K.gguf: %v, want %v", got, want)
+	}
+	ref, err := LoadLlama2C(testutil.Shared(t, "models/llama2.c/tok512.bin"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts, _ := vocabCases(t, "ggml-vocab-llama-spm.gguf")
+	for _, text := range texts {
+		a, b := tok.Encode(text, Options{AddSpecial: true}), ref.Encode(text, Options{AddSpecial: true})
+		if !slices.Equal(a, b) {
+			t.Errorf("%q: gguf %v, tok512.bin %v", text, a, b)
+		}
+	}
+
+	tiny, err := Load(testutil.Shared(t, "models/ollama/llama-2-tiny-random.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	texts, want := vocabCases(t, "ggml-vocab-llama-spm.gguf")
+	checkCases(t, tiny, texts, want, true)
+}
