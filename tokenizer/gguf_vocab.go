@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -203,8 +204,9 @@ func Load(path string) (Tokenizer, error) {
 		}
 		return nil, fmt.Errorf("tokenizer: directory %s holds no tokenizer.json or tokenizer.bin", path)
 	}
+	base := filepath.Base(path)
 	switch {
-	case strings.HasSuffix(strings.ToLower(path), ".gguf"):
+	case strings.HasSuffix(strings.ToLower(path), ".gguf") || hasMagic(path, gguf.Magic):
 		f, err := gguf.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
@@ -219,6 +221,20 @@ func Load(path string) (Tokenizer, error) {
 		return LoadHF(path)
 	case strings.HasSuffix(path, ".bin"):
 		return LoadLlama2C(path)
+	case base == "tokenizer.model":
+		return nil, fmt.Errorf("tokenizer: %s: SentencePiece protobuf models are not supported; use the model's GGUF, tokenizer.json or llama2.c tokenizer.bin", path)
 	}
 	return nil, fmt.Errorf("tokenizer: %s: unknown tokenizer file (want .gguf, tokenizer.json or llama2.c tokenizer.bin)", path)
+}
+
+// hasMagic reports whether the file at path starts with magic.
+func hasMagic(path, magic string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	b := make([]byte, len(magic))
+	_, err = io.ReadFull(f, b)
+	return err == nil && string(b) == magic
 }

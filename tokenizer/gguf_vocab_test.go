@@ -168,7 +168,10 @@ func TestFromGGUFErrors(t *testing.T) {
 
 func TestLoadErrors(t *testing.T) {
 	dir := t.TempDir()
-	for _, p := range []string{dir, dir + "/missing.gguf", dir + "/x.txt"} {
+	if err := os.WriteFile(dir+"/tokenizer.model", []byte("\x0a\x0b"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []string{dir, dir + "/missing.gguf", dir + "/x.txt", dir + "/tokenizer.model"} {
 		if _, err := Load(p); err == nil {
 			t.Errorf("Load(%s): no error", p)
 		}
@@ -178,6 +181,17 @@ func TestLoadErrors(t *testing.T) {
 	}
 	if _, err := Load(dir + "/bad.gguf"); err == nil {
 		t.Error("truncated gguf: no error")
+	}
+	// A GGUF is recognised by its magic whatever its name.
+	b, err := os.ReadFile(testutil.Shared(t, "models/gguf/stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(dir+"/model", b, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if tok, err := Load(dir + "/model"); err != nil || tok.Vocab().Size() != 512 {
+		t.Errorf("GGUF without extension: %v", err)
 	}
 	tok, err := Load(testutil.Shared(t, "models/llama2.c"))
 	if err != nil {
