@@ -135,19 +135,23 @@ CASES = [
     "{{ 1 + }}",
 ]
 
-out = []
-for tpl in CASES:
-    case = {"template": tpl}
-    try:
-        case["output"] = env.from_string(tpl).render(**V)
-    except Exception as e:
-        case["error"] = type(e).__name__ + ": " + str(e)
-    out.append(case)
+def main():
+  out = []
+  for tpl in CASES:
+      case = {"template": tpl}
+      try:
+          case["output"] = env.from_string(tpl).render(**V)
+      except Exception as e:
+          case["error"] = type(e).__name__ + ": " + str(e)
+      out.append(case)
 
-with open("cases.json", "w") as f:
-    json.dump({"vars": V, "cases": out}, f, ensure_ascii=False, indent=1)
-    f.write("\n")
-print(len(out), "cases;", sum("error" in c for c in out), "errors")
-for c in out:
-    if "error" in c:
-        print("ERR", repr(c["template"][:50]), c["error"][:80])
+  with open("cases.json", "w") as f:
+      json.dump({"vars": V, "cases": out}, f, ensure_ascii=False, indent=1)
+      f.write("\n")
+  print(len(out), "cases;", sum("error" in c for c in out), "errors")
+  for c in out:
+      if "error" in c:
+          print("ERR", repr(c["template"][:50]), c["error"][:80])
+
+if __name__ == "__main__":
+    main()
