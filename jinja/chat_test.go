@@ -41,7 +41,7 @@ func TestChatGolden(t *testing.T) {
 		Name                string
 		Source              map[string]string
 		Messages            []Message
-		AddGenerationPrompt bool `json:"add_generation_prompt"`
+		AddGenerationPrompt bool   `json:"add_generation_prompt"`
 		BOSToken            string `json:"bos_token"`
 		EOSToken            string `json:"eos_token"`
 		Tools               []json.RawMessage
