@@ -539,3 +539,8 @@ func (c *Cache) Attend(layer int, seq, n int32, q, out []float32, p model.AttnPa
 }
 
 var _ model.KVCache = (*Cache)(nil)
+
+// ParallelAttend tells the model that Attend may run concurrently for
+// different tokens once their K/V are stored: it reads the block tables
+// and storage only, and its scratch comes from a sync.Pool.
+func (c *Cache) ParallelAttend() bool { return true }
