@@ -12,11 +12,17 @@ import (
 
 func loadGGUF(t *testing.T, name string) Tokenizer {
 	t.Helper()
+	tok, _ := loadGGUFTB(t, name)
+	return tok
+}
+
+func loadGGUFTB(t testing.TB, name string) (Tokenizer, bool) {
+	t.Helper()
 	tok, err := Load(testutil.Shared(t, "models/llama.cpp-vocab/"+name))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return tok
+	return tok, true
 }
 
 // TestGGUFVocabCases runs llama.cpp's test-tokenizer-0 vectors for the SPM

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"strings"
+	"sync"
 )
 
 // spaceMark is SentencePiece's visible stand-in for a space ("▁", U+2581).
@@ -28,7 +29,17 @@ type SPM struct {
 	// either side, so the text is tokenized in independent pieces: this
 	// keeps the merge queue small and the run time linear on long inputs.
 	pairs *[1 << 16 / 64]uint64
+
+	// cache memoizes the ids of short pieces (mostly whole words), which
+	// repeat a lot in natural text; cleared when full.
+	mu    sync.Mutex
+	cache map[string][]int32
 }
+
+const (
+	spmCacheMax      = 1 << 16
+	spmCachePieceMax = 64 // bytes
+)
 
 // NewSPM builds an SPM tokenizer over v. v must hold tokens; scores and
 // types may be absent (zero scores, normal tokens).
@@ -251,6 +262,29 @@ func (s *spmSession) tokenize(t *SPM, text string, out []int32) []int32 {
 }
 
 func (s *spmSession) tokenizePiece(t *SPM, text string, out []int32) []int32 {
+	if len(text) > spmCachePieceMax {
+		return s.merge(t, text, out)
+	}
+	t.mu.Lock()
+	ids, ok := t.cache[text]
+	t.mu.Unlock()
+	if ok {
+		return append(out, ids...)
+	}
+	n := len(out)
+	out = s.merge(t, text, out)
+	ids = append([]int32(nil), out[n:]...)
+	t.mu.Lock()
+	if len(t.cache) >= spmCacheMax || t.cache == nil {
+		t.cache = make(map[string][]int32)
+	}
+	t.cache[strings.Clone(text)] = ids
+	t.mu.Unlock()
+	return out
+}
+
+// merge is llama.cpp's llm_tokenizer_spm_session::tokenize on one piece.
+func (s *spmSession) merge(t *SPM, text string, out []int32) []int32 {
 	s.syms = s.syms[:0]
 	s.heap = s.heap[:0]
 	for off := 0; off < len(text); {
