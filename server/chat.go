@@ -193,7 +193,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	reqs := []*engine.Request{&er}
 	events, err := s.submitAll(ctx, cancel, reqs)
 	if err != nil {
-		writeAPIError(w, toAPIError(err))
+		writeAPIError(w, submitError(err))
 		return
 	}
 	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs)}

@@ -153,7 +153,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	events, err := s.submitAll(ctx, cancel, reqs)
 	if err != nil {
-		writeAPIError(w, toAPIError(err))
+		writeAPIError(w, submitError(err))
 		return
 	}
 	c := &completionRun{s: s, id: id, created: time.Now().Unix(), n: base.N, prompts: prompts,

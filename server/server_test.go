@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"pagoda/engine"
 	"pagoda/sample"
 )
 
@@ -533,9 +534,22 @@ func TestBackendErrors(t *testing.T) {
 	if code, b := post(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`); code != 400 {
 		t.Fatalf("too long: %d %s", code, b)
 	}
-	f.submitErr = fmt.Errorf("boom")
-	if code, _ := post(t, ts, "/v1/completions", `{"prompt":"hi"}`); code != 500 {
-		t.Fatalf("internal: %d", code)
+	// The engine's own errors: Submit only validates and queues, so an
+	// unnamed error is the request's fault.
+	for _, c := range []struct {
+		err  error
+		code int
+	}{
+		{engine.ErrQueueFull, 429},
+		{&engine.TooLongError{Prompt: 60, MaxTokens: 10, Limit: 64, What: "KV cache"}, 400},
+		{engine.ErrStopped, 503},
+		{fmt.Errorf("engine: request: n = 99 must be in [1, 64]"), 400},
+	} {
+		f.submitErr = c.err
+		code, b := post(t, ts, "/v1/completions", `{"prompt":"hi"}`)
+		if e := decode[errBody](t, b); code != c.code || e.Error.Message != c.err.Error() {
+			t.Fatalf("%v: %d %s", c.err, code, b)
+		}
 	}
 	f.submitErr = nil
 	f.midErr = fmt.Errorf("forward failed")
