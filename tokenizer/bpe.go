@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"unicode/utf8"
 )
 
 // GPT-2's byte-level alphabet: every byte gets a printable rune so that
@@ -378,7 +379,9 @@ func (t *BPE) encodeWord(w *bpeWork, word string, out []int32) []int32 {
 	if len(t.cache) >= bpeCacheMax {
 		clear(t.cache)
 	}
-	t.cache[word] = res
+	// Clone: the word is a slice of the caller's text, which must not stay
+	// pinned in memory by the cache.
+	t.cache[strings.Clone(word)] = res
 	t.mu.Unlock()
 	return out
 }
@@ -399,24 +402,27 @@ func (t *BPE) mergeWord(w *bpeWork, word string, out []int32) []int32 {
 		}
 	} else {
 		unkOpen := false
-		for _, r := range word {
-			if id, ok := t.ids[string(r)]; ok {
-				add(id)
-				unkOpen = false
-				continue
+		for i := 0; i < len(word); {
+			r, n := utf8.DecodeRuneInString(word[i:])
+			ch := word[i : i+n]
+			i += n
+			if r != utf8.RuneError || n > 1 {
+				if id, ok := t.ids[ch]; ok {
+					add(id)
+					unkOpen = false
+					continue
+				}
 			}
 			if t.byteFallback {
-				var buf [4]byte
-				n := copyRune(buf[:], r)
 				okAll := true
-				for _, b := range buf[:n] {
-					if t.byteTok[b] < 0 {
+				for k := 0; k < len(ch); k++ {
+					if t.byteTok[ch[k]] < 0 {
 						okAll = false
 					}
 				}
 				if okAll {
-					for _, b := range buf[:n] {
-						add(t.byteTok[b])
+					for k := 0; k < len(ch); k++ {
+						add(t.byteTok[ch[k]])
 					}
 					unkOpen = false
 					continue
@@ -458,9 +464,4 @@ func (t *BPE) mergeWord(w *bpeWork, word string, out []int32) []int32 {
 		}
 	}
 	return out
-}
-
-func copyRune(dst []byte, r rune) int {
-	s := string(r)
-	return copy(dst, s)
 }

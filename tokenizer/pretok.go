@@ -168,15 +168,24 @@ func applyBehavior(dst []preSpan, off, n int, ms []preSpan, beh splitBehavior, i
 			emit(start, n)
 		}
 	case splitMergedWithNext:
+		// A match opens a piece that the following gap joins.
 		start := -1
-		for i, p := range parts {
+		for _, p := range parts {
+			if p.match {
+				if start >= 0 {
+					emit(start, p.a)
+				}
+				start = p.a
+				continue
+			}
 			if start < 0 {
 				start = p.a
 			}
-			if !p.match || i == len(parts)-1 {
-				emit(start, p.b)
-				start = -1
-			}
+			emit(start, p.b)
+			start = -1
+		}
+		if start >= 0 {
+			emit(start, n)
 		}
 	case splitContiguous:
 		for i := 0; i < len(parts); {
