@@ -8,7 +8,7 @@ import (
 // benchTypes are benchmarked on one 4096-element row, the size of a
 // typical hidden dimension; b.SetBytes counts float32 bytes (4 per element),
 // so MB/s compare across types.
-var benchTypes = []Type{F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K}
+var benchTypes = []Type{F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, IQ4_NL, IQ4_XS, MXFP4}
 
 const benchN = 4096
 

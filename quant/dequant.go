@@ -106,6 +106,12 @@ func blockDequant(t Type) func(b []byte, y []float32) {
 		return dequantQ6K
 	case Q8_K:
 		return dequantQ8K
+	case IQ4_NL:
+		return dequantIQ4NL
+	case IQ4_XS:
+		return dequantIQ4XS
+	case MXFP4:
+		return dequantMXFP4
 	}
 	return nil
 }
@@ -138,6 +144,12 @@ func dequantBlock(t Type, b []byte, y []float32) {
 		dequantQ6K(b, y)
 	case Q8_K:
 		dequantQ8K(b, y)
+	case IQ4_NL:
+		dequantIQ4NL(b, y)
+	case IQ4_XS:
+		dequantIQ4XS(b, y)
+	case MXFP4:
+		dequantMXFP4(b, y)
 	}
 }
 

@@ -44,15 +44,16 @@ func DotRef(t Type, row []byte, x []float32) float32 {
 
 // VecDotType is the activation type ggml pairs with weight type t in its
 // quantized dot products (type_traits_cpu vec_dot_type): Q8_0 for
-// Q4_0/Q5_0/Q8_0, Q8_1 for Q4_1/Q5_1, Q8_K for the K formats. Other types
+// Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4, Q8_1 for Q4_1/Q5_1, Q8_K for the K formats
+// and IQ4_XS. Other types
 // have none (ok false).
 func VecDotType(t Type) (Type, bool) {
 	switch t {
-	case Q4_0, Q5_0, Q8_0:
+	case Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4:
 		return Q8_0, true
 	case Q4_1, Q5_1:
 		return Q8_1, true
-	case Q2_K, Q3_K, Q4_K, Q5_K, Q6_K:
+	case Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS:
 		return Q8_K, true
 	}
 	return 0, false
@@ -129,6 +130,12 @@ func VecDot(t Type, n int, w, a []byte) float32 {
 		return VecDotQ5_KQ8_K(n, w, a)
 	case Q6_K:
 		return VecDotQ6_KQ8_K(n, w, a)
+	case IQ4_NL:
+		return VecDotIQ4_NLQ8_0(n, w, a)
+	case IQ4_XS:
+		return VecDotIQ4_XSQ8_K(n, w, a)
+	case MXFP4:
+		return VecDotMXFP4Q8_0(n, w, a)
 	}
 	panic(fmt.Sprintf("quant: type %s has no quantized dot product", t))
 }

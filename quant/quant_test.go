@@ -19,6 +19,7 @@ var allTypes = []struct {
 	{Q8_0, 7e-3}, {Q8_1, 7e-3}, {Q8_K, 0.012},
 	{Q4_0, 0.1}, {Q4_1, 0.09}, {Q5_0, 0.05}, {Q5_1, 0.045},
 	{Q2_K, 0.33}, {Q3_K, 0.17}, {Q4_K, 0.08}, {Q5_K, 0.04}, {Q6_K, 0.03},
+	{IQ4_NL, 0.085}, {IQ4_XS, 0.095}, {MXFP4, 0.13},
 }
 
 func randNormal(rng *rand.Rand, n int, scale float64) []float32 {
@@ -98,7 +99,11 @@ func TestRoundTrip(t *testing.T) {
 			roundTrip(t, tc.t, x)
 			spike := make([]float32, bs)
 			spike[bs/2+1] = -5
-			if y := roundTrip(t, tc.t, spike); math.Abs(float64(y[bs/2+1])+5) > 0.2 {
+			tol := 0.2
+			if tc.t == MXFP4 {
+				tol = 1 // E2M1 has nothing between 4 and 6 (times the power-of-two scale)
+			}
+			if y := roundTrip(t, tc.t, spike); math.Abs(float64(y[bs/2+1])+5) > tol {
 				t.Errorf("spike: -5 comes back as %v", y[bs/2+1])
 			}
 			roundTrip(t, tc.t, randNormal(rng, bs, 1e-20))
@@ -153,7 +158,7 @@ func TestErrors(t *testing.T) {
 	}
 	_, err := Quantize(IQ2_XS, make([]float32, 256))
 	wantErr(err, "quant: type IQ2_XS not supported")
-	wantErr(Dequantize(IQ4_NL, make([]byte, 18), make([]float32, 32)), "quant: type IQ4_NL not supported")
+	wantErr(Dequantize(TQ2_0, make([]byte, 66), make([]float32, 256)), "quant: type TQ2_0 not supported")
 	wantErr(Dequantize(Type(99), make([]byte, 64), make([]float32, 32)), "type(99) not supported")
 	_, err = Quantize(Q4_K, make([]float32, 300))
 	wantErr(err, "not a multiple of the block size 256")
@@ -187,6 +192,7 @@ func TestBlockSizes(t *testing.T) {
 	for typ, size := range map[Type]int{
 		Q4_0: sizeQ4_0, Q4_1: sizeQ4_1, Q5_0: sizeQ5_0, Q5_1: sizeQ5_1, Q8_0: sizeQ8_0, Q8_1: sizeQ8_1,
 		Q2_K: sizeQ2K, Q3_K: sizeQ3K, Q4_K: sizeQ4K, Q5_K: sizeQ5K, Q6_K: sizeQ6K, Q8_K: sizeQ8K,
+		IQ4_NL: sizeIQ4NL, IQ4_XS: sizeIQ4XS, MXFP4: sizeMXFP4,
 	} {
 		if typ.TypeSize() != size {
 			t.Errorf("%s: types.go says %d bytes, code uses %d", typ, typ.TypeSize(), size)
@@ -247,6 +253,51 @@ func TestDequantizeHandBuilt(t *testing.T) {
 	for i := range y {
 		if want := float32((i/16 - 8) * (i%64 - 32)); y[i] != want {
 			t.Fatalf("Q6_K element %d: %v, want %v", i, y[i], want)
+		}
+	}
+	// IQ4_XS: d = 0.5, group g has 6-bit scale 32+g-4 (so g-4 after the
+	// offset), element j of a group has codebook index j%16.
+	b = make([]byte, sizeIQ4XS)
+	b[0], b[1] = 0x00, 0x38
+	var sh uint16
+	for g := 0; g < 8; g++ {
+		l := 32 + g - 4
+		b[4+g/2] |= byte(l&0xf) << (4 * uint(g%2))
+		sh |= uint16(l>>4) << (2 * uint(g))
+		for j := 0; j < 16; j++ {
+			b[8+16*g+j] = byte(j) | byte(15-j)<<4
+		}
+	}
+	b[2], b[3] = byte(sh), byte(sh>>8)
+	if err := Dequantize(IQ4_XS, b, y); err != nil {
+		t.Fatal(err)
+	}
+	kv := []float32{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+	for i := range y {
+		g, j := i/32, i%32
+		idx := j
+		if j >= 16 {
+			idx = 15 - (j - 16)
+		}
+		if want := 0.5 * float32(g-4) * kv[idx]; y[i] != want {
+			t.Fatalf("IQ4_XS element %d: %v, want %v", i, y[i], want)
+		}
+	}
+	// MXFP4: e = 128, a scale of 2^(128-127) = 2 on the E2M1 values (ggml
+	// keeps the values doubled and halves the scale); nibble j low and high.
+	b = make([]byte, sizeMXFP4)
+	b[0] = 128
+	for j := 0; j < 16; j++ {
+		b[1+j] = byte(j) | byte(j)<<4
+	}
+	y = y[:32]
+	if err := Dequantize(MXFP4, b, y); err != nil {
+		t.Fatal(err)
+	}
+	fp4 := []float32{0, 0.5, 1, 1.5, 2, 3, 4, 6, 0, -0.5, -1, -1.5, -2, -3, -4, -6}
+	for j := 0; j < 32; j++ {
+		if want := 2 * fp4[j%16]; y[j] != want {
+			t.Fatalf("MXFP4 element %d: %v, want %v", j, y[j], want)
 		}
 	}
 }

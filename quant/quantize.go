@@ -8,7 +8,9 @@ import (
 
 // Quantize encodes src as type t with llama.cpp's reference quantizers
 // (quantize_row_*_ref, no importance matrix), which is what llama-quantize
-// runs without --imatrix. len(src) must be a whole number of blocks.
+// runs without --imatrix; for IQ4_NL and IQ4_XS it is quantize_iq4_nl/xs
+// without weights, again what llama-quantize runs. len(src) must be a whole
+// number of blocks.
 func Quantize(t Type, src []float32) ([]byte, error) {
 	if !t.Supported() {
 		return nil, fmt.Errorf("quant: type %s not supported", t)
@@ -80,6 +82,12 @@ func QuantizeInto(t Type, src []float32, dst []byte) error {
 		fn = quantQ6K
 	case Q8_K:
 		fn = quantQ8K
+	case IQ4_NL:
+		fn = quantIQ4NL
+	case IQ4_XS:
+		fn = quantIQ4XS
+	case MXFP4:
+		fn = quantMXFP4
 	default:
 		return fmt.Errorf("quant: type %s not supported", t)
 	}

@@ -70,10 +70,10 @@ var types = map[Type]typeInfo{
 	IQ2_XS:  {"IQ2_XS", 256, 74, false},
 	IQ3_XXS: {"IQ3_XXS", 256, 98, false},
 	IQ1_S:   {"IQ1_S", 256, 50, false},
-	IQ4_NL:  {"IQ4_NL", 32, 18, false},
+	IQ4_NL:  {"IQ4_NL", 32, 18, true},
 	IQ3_S:   {"IQ3_S", 256, 110, false},
 	IQ2_S:   {"IQ2_S", 256, 82, false},
-	IQ4_XS:  {"IQ4_XS", 256, 136, false},
+	IQ4_XS:  {"IQ4_XS", 256, 136, true},
 	I8:      {"I8", 1, 1, false},
 	I16:     {"I16", 1, 2, false},
 	I32:     {"I32", 1, 4, false},
@@ -82,7 +82,7 @@ var types = map[Type]typeInfo{
 	IQ1_M:   {"IQ1_M", 256, 56, false},
 	TQ1_0:   {"TQ1_0", 256, 54, false},
 	TQ2_0:   {"TQ2_0", 256, 66, false},
-	MXFP4:   {"MXFP4", 32, 17, false},
+	MXFP4:   {"MXFP4", 32, 17, true},
 }
 
 // String returns the ggml name of the type, or "type(N)" for unknown ids.
