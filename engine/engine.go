@@ -791,6 +791,12 @@ func (e *Engine) publish() {
 	}
 	st.Running, st.RunningSeqs = len(reqs), len(e.running)
 	st.Waiting = int(e.queued.Load())
+	for _, s := range e.waiting {
+		if s.req.admitted && !reqs[s.req] { // preempted: waits again
+			reqs[s.req] = true
+			st.Waiting++
+		}
+	}
 	st.KV = e.kv.Usage()
 	st.KVUsage = st.KV.UsedFrac()
 	st.PrefixQueries, st.PrefixHits = e.kv.Pool().Queries, e.kv.Pool().Hits

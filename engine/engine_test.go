@@ -759,3 +759,94 @@ func BenchmarkStepLoop(b *testing.B) {
 	}
 	b.ReportMetric(float64(e.Stats().GenerationTokens)/b.Elapsed().Seconds(), "tok/s")
 }
+
+// TestRandomWorkloadNoLeaks mixes everything — parallel sampling, stop
+// strings and tokens, EOS, cancellations at random moments, preemption in
+// a small pool, chunked prefill — checking the cache invariants and the
+// token budget at every step, and that every block is free or cached once
+// all requests have ended.
+func TestRandomWorkloadNoLeaks(t *testing.T) {
+	base := runtime.NumGoroutine()
+	rng := rand.New(rand.NewPCG(21, 22))
+	cfg := fakeConfig()
+	cfg.MaxNumBatchedTokens = 20
+	cfg.KVBlocks = 20
+	cfg.BlockSize = 4
+	cfg.MaxNumSeqs = 8
+	cfg.KVDType = kvcache.F16
+	fm := &fakeModel{budget: 20, check: true}
+	e, err := New(fm, newFakeTok(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start()
+	shared := randPrompt(rng, nil, 12)
+	var wg sync.WaitGroup
+	n := 60
+	if testing.Short() {
+		n = 20
+	}
+	var mu sync.Mutex
+	finishes := map[FinishReason]int{}
+	for i := 0; i < n; i++ {
+		r := &Request{
+			Prompt:    randPrompt(rng, shared[:rng.IntN(12)], 1+rng.IntN(30)),
+			MaxTokens: 1 + rng.IntN(20),
+			N:         1 + rng.IntN(3),
+			IgnoreEOS: rng.IntN(2) == 0,
+			Sampling:  sample.Params{Temperature: float32(rng.IntN(2)), Seed: uint64(i), HasSeed: true},
+		}
+		if rng.IntN(3) == 0 {
+			r.StopStrings = []string{string(rune('a' + rng.IntN(26)))}
+		}
+		if rng.IntN(3) == 0 {
+			r.StopTokens = []int32{3 + rng.Int32N(27)}
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		ch, err := e.Submit(ctx, r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		after := -1
+		if rng.IntN(4) == 0 {
+			after = rng.IntN(4)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer cancel()
+			k := 0
+			for ev := range ch {
+				if ev.Err != nil {
+					t.Errorf("request failed: %v", ev.Err)
+				}
+				mu.Lock()
+				finishes[ev.Finish]++
+				mu.Unlock()
+				if k == after {
+					cancel()
+				}
+				k++
+			}
+		}()
+		if rng.IntN(3) == 0 {
+			time.Sleep(time.Duration(rng.IntN(500)) * time.Microsecond)
+		}
+	}
+	wg.Wait()
+	if err := e.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mustNoLeak(t, e)
+	st := e.Stats()
+	t.Logf("finishes %v, steps %d, preemptions %d, prefix hits %d/%d", finishes, st.Steps, st.Preemptions, st.PrefixHits, st.PrefixQueries)
+	if st.Running != 0 || st.Waiting != 0 || st.RunningSeqs != 0 {
+		t.Fatalf("stats after drain %+v", st)
+	}
+	for _, k := range []FinishReason{FinishStop, FinishLength} {
+		if finishes[k] == 0 {
+			t.Errorf("no completion finished with %q", k)
+		}
+	}
+	waitGoroutines(t, base)
+}

@@ -1,6 +1,8 @@
 package engine
 
 import (
+	"math/rand/v2"
+
 	"pagoda/sample"
 )
 
@@ -15,6 +17,11 @@ type tokenSampler interface {
 func newSampler(p sample.Params, index int) (tokenSampler, error) {
 	if p.HasSeed {
 		p.Seed += uint64(index)
+	} else {
+		// sample.New would seed from the clock, which can repeat for
+		// samplers built in the same instant: parallel completions would
+		// then be copies of each other.
+		p.Seed, p.HasSeed = rand.Uint64(), true
 	}
 	return sample.New(p)
 }
