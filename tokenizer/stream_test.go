@@ -161,3 +161,24 @@ func BenchmarkSPMEncode1MB(b *testing.B) {
 		tok.Encode(text, Options{})
 	}
 }
+
+// TestStreamOtherTokenizers: Stream agrees with Decode for the byte-level
+// BPE and WordPiece vocabularies too, token by token.
+func TestStreamOtherTokenizers(t *testing.T) {
+	for _, name := range []string{"ggml-vocab-gpt-2.gguf", "ggml-vocab-deepseek-llm.gguf", "ggml-vocab-bert-bge.gguf", "ggml-vocab-phi-3.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			tok := loadGGUF(t, name)
+			texts, _ := vocabCases(t, "ggml-vocab-llama-spm.gguf")
+			for _, text := range texts {
+				ids := tok.Encode(text, Options{AddSpecial: true})
+				got, valid := streamAll(tok, ids)
+				if !valid {
+					t.Errorf("%q: stream emitted invalid UTF-8", text)
+				}
+				if dec := tok.Decode(ids); got != dec {
+					t.Errorf("%q: stream %q, Decode %q", text, got, dec)
+				}
+			}
+		})
+	}
+}
