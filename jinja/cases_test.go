@@ -10,7 +10,17 @@ import (
 // expected outputs come from Python Jinja2 configured as transformers
 // configures it (see testdata/gen_cases.py).
 func TestCasesAgainstJinja2(t *testing.T) {
-	data, err := os.ReadFile("testdata/cases.json")
+	runCaseFile(t, "testdata/cases.json", 80)
+}
+
+// TestRandomWhitespaceAgainstJinja2 covers whitespace control on random
+// templates (testdata/gen_random.py).
+func TestRandomWhitespaceAgainstJinja2(t *testing.T) {
+	runCaseFile(t, "testdata/random_ws.json", 500)
+}
+
+func runCaseFile(t *testing.T, path string, minCases int) {
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -35,7 +45,7 @@ func TestCasesAgainstJinja2(t *testing.T) {
 		v, _ := d.Get(k)
 		m[k.(string)] = v
 	}
-	if len(file.Cases) < 80 {
+	if len(file.Cases) < minCases {
 		t.Fatalf("only %d cases", len(file.Cases))
 	}
 	for _, c := range file.Cases {

@@ -205,6 +205,10 @@ func (l *lexer) rawBlock(start, body int) (error, bool) {
 	if !strings.HasPrefix(l.src[p:], "%}") {
 		return nil, false
 	}
+	// Jinja's raw_begin rule has no trim_blocks suffix: only "-" strips.
+	if sign != '-' {
+		sign = '+'
+	}
 	l.afterEnd(p+2, sign, true)
 	// find {% endraw %} with optional whitespace control
 	search := l.pos
