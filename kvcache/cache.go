@@ -492,8 +492,13 @@ func (c *Cache) Attend(layer int, seq, n int32, q, out []float32, p model.AttnPa
 	}
 	scores := (*sp)[:p.NHead*L]
 
+	if c.blocksFor(int(n)) > len(t.blocks) {
+		panic(fmt.Sprintf("kvcache: attend over %d positions of sequence %d with %d blocks", n, seq, len(t.blocks)))
+	}
+	// base is the element offset of position pos through the block table.
+	base := func(pos int) int { return (int(t.blocks[pos/c.bs])*c.bs + pos%c.bs) * c.rowLen }
 	for i := 0; i < L; i++ {
-		base := c.slot(seq, int32(lo+i))
+		base := base(lo + i)
 		for kh := 0; kh < p.NKVHead; kh++ {
 			off := base + kh*D
 			for g := 0; g < group; g++ {
@@ -517,7 +522,7 @@ func (c *Cache) Attend(layer int, seq, n int32, q, out []float32, p model.AttnPa
 	}
 	clear(out[:p.NHead*D])
 	for i := 0; i < L; i++ {
-		base := c.slot(seq, int32(lo+i))
+		base := base(lo + i)
 		for kh := 0; kh < p.NKVHead; kh++ {
 			off := base + kh*D
 			for g := 0; g < group; g++ {

@@ -393,3 +393,33 @@ func TestSizes(t *testing.T) {
 		t.Fatal("unknown dtype must be an error")
 	}
 }
+
+func BenchmarkAttend(b *testing.B) {
+	for _, d := range []DType{F32, F16} {
+		b.Run(d.String(), func(b *testing.B) {
+			p := model.AttnParams{NHead: 32, NKVHead: 8, HeadDim: 128, Scale: 0.088}
+			c, err := New(Config{NLayer: 1, NKVHead: 8, HeadDim: 128, NumBlocks: 64, DType: d})
+			if err != nil {
+				b.Fatal(err)
+			}
+			const n = 1024
+			c.Allocate(0, nil, 0, n)
+			k := make([]float32, 8*128)
+			for i := range k {
+				k[i] = float32(i%7) * 0.1
+			}
+			for pos := int32(0); pos < n; pos++ {
+				c.Store(0, 0, pos, k, k)
+			}
+			q, out := make([]float32, 32*128), make([]float32, 32*128)
+			for i := range q {
+				q[i] = 0.01
+			}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				c.Attend(0, 0, n, q, out, p)
+			}
+			b.ReportMetric(float64(b.N)*n/b.Elapsed().Seconds(), "pos/s")
+		})
+	}
+}
