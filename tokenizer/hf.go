@@ -264,7 +264,9 @@ func ParseHF(tokenizerJSON, configJSON []byte) (*BPE, error) {
 		var a, b string
 		var s string
 		var pair []string
-		if err := json.Unmarshal(raw, &s); err == nil {
+		if x, y, ok := hfFastPair(raw); ok {
+			a, b = x, y
+		} else if err := json.Unmarshal(raw, &s); err == nil {
 			k := strings.IndexByte(s[min(1, len(s)):], ' ')
 			if k < 0 {
 				return nil, fmt.Errorf("tokenizer.json: merge %d %q has no space", rank, s)
@@ -857,4 +859,41 @@ func hfChatTemplate(raw json.RawMessage) (string, error) {
 		return list[0].Template, nil
 	}
 	return "", nil
+}
+
+// hfFastPair reads a merge without escapes ("a b" or ["a","b"]) without
+// going through encoding/json, which dominates loading otherwise.
+func hfFastPair(raw []byte) (string, string, bool) {
+	if bytes.IndexByte(raw, '\\') >= 0 || len(raw) < 2 {
+		return "", "", false
+	}
+	if raw[0] == '"' && raw[len(raw)-1] == '"' {
+		s := raw[1 : len(raw)-1]
+		k := bytes.IndexByte(s[min(1, len(s)):], ' ')
+		if k < 0 || bytes.IndexByte(s, '"') >= 0 {
+			return "", "", false
+		}
+		k += min(1, len(s))
+		return string(s[:k]), string(s[k+1:]), true
+	}
+	if raw[0] != '[' || raw[len(raw)-1] != ']' {
+		return "", "", false
+	}
+	// Exactly four quotes: ["a","b"], with only a comma and spaces between.
+	var q [4]int
+	n := 0
+	for i, c := range raw {
+		if c == '"' {
+			if n == 4 {
+				return "", "", false
+			}
+			q[n] = i
+			n++
+		}
+	}
+	if n != 4 || strings.Trim(string(raw[q[1]+1:q[2]]), " \t\r\n") != "," ||
+		strings.TrimSpace(string(raw[1:q[0]])) != "" || strings.TrimSpace(string(raw[q[3]+1:len(raw)-1])) != "" {
+		return "", "", false
+	}
+	return string(raw[q[0]+1 : q[1]]), string(raw[q[2]+1 : q[3]]), true
 }

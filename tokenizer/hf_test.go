@@ -4,21 +4,35 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
 	"pagoda/testutil"
 )
 
+var (
+	hfLoadedMu sync.Mutex
+	hfLoaded   = map[string]Tokenizer{}
+)
+
+// hfLoad loads a shared tokenizer once per test binary: the big
+// tokenizer.json files take seconds to parse.
 func hfLoad(t *testing.T, rel string) Tokenizer {
 	t.Helper()
 	p := testutil.Shared(t, rel)
+	hfLoadedMu.Lock()
+	defer hfLoadedMu.Unlock()
+	if tok, ok := hfLoaded[p]; ok {
+		return tok
+	}
 	start := time.Now()
 	tok, err := LoadHF(p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("loaded %s in %v", rel, time.Since(start).Round(time.Millisecond))
+	hfLoaded[p] = tok
 	return tok
 }
 
