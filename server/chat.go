@@ -13,16 +13,16 @@ import (
 
 type chatRequest struct {
 	commonParams
-	Messages             []chatMessageIn `json:"messages"`
-	Logprobs             bool            `json:"logprobs"`
-	TopLogprobs          *int            `json:"top_logprobs"`
-	ResponseFormat       *responseFormat `json:"response_format"`
-	Tools                []any           `json:"tools"`
-	ToolChoice           json.RawMessage `json:"tool_choice"`
-	AddGenerationPrompt  *bool           `json:"add_generation_prompt"`
-	ContinueFinalMessage bool            `json:"continue_final_message"`
-	AddSpecialTokens     bool            `json:"add_special_tokens"`
-	ChatTemplateKwargs   map[string]any  `json:"chat_template_kwargs"`
+	Messages             []chatMessageIn   `json:"messages"`
+	Logprobs             bool              `json:"logprobs"`
+	TopLogprobs          *int              `json:"top_logprobs"`
+	ResponseFormat       *responseFormat   `json:"response_format"`
+	Tools                []json.RawMessage `json:"tools"`
+	ToolChoice           json.RawMessage   `json:"tool_choice"`
+	AddGenerationPrompt  *bool             `json:"add_generation_prompt"`
+	ContinueFinalMessage bool              `json:"continue_final_message"`
+	AddSpecialTokens     bool              `json:"add_special_tokens"`
+	ChatTemplateKwargs   map[string]any    `json:"chat_template_kwargs"`
 }
 
 type responseFormat struct {
@@ -93,7 +93,7 @@ func flattenMessages(in []chatMessageIn) ([]ChatMessage, *apiError) {
 }
 
 // chatPrompt renders and tokenizes the conversation.
-func (s *Server) chatPrompt(msgs []chatMessageIn, addGen *bool, tools []any, kwargs map[string]any, addSpecial bool) ([]int32, *apiError) {
+func (s *Server) chatPrompt(msgs []chatMessageIn, addGen *bool, tools []json.RawMessage, kwargs map[string]any, addSpecial bool) ([]int32, *apiError) {
 	cms, ae := flattenMessages(msgs)
 	if ae != nil {
 		return nil, ae
@@ -103,7 +103,12 @@ func (s *Server) chatPrompt(msgs []chatMessageIn, addGen *bool, tools []any, kwa
 		extra[k] = v
 	}
 	if len(tools) > 0 {
-		extra["tools"] = tools
+		// Raw JSON keeps the client's key order through tojson.
+		ts := make([]any, len(tools))
+		for i, t := range tools {
+			ts[i] = t
+		}
+		extra["tools"] = ts
 	}
 	gen := true
 	if addGen != nil {

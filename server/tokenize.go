@@ -7,14 +7,14 @@ import (
 
 // tokenizeRequest covers both of vLLM's shapes: {prompt} and {messages}.
 type tokenizeRequest struct {
-	Model               string          `json:"model"`
-	Prompt              *string         `json:"prompt"`
-	Messages            []chatMessageIn `json:"messages"`
-	AddSpecialTokens    *bool           `json:"add_special_tokens"`
-	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
-	ReturnTokenStrs     bool            `json:"return_token_strs"`
-	Tools               []any           `json:"tools"`
-	ChatTemplateKwargs  map[string]any  `json:"chat_template_kwargs"`
+	Model               string            `json:"model"`
+	Prompt              *string           `json:"prompt"`
+	Messages            []chatMessageIn   `json:"messages"`
+	AddSpecialTokens    *bool             `json:"add_special_tokens"`
+	AddGenerationPrompt *bool             `json:"add_generation_prompt"`
+	ReturnTokenStrs     bool              `json:"return_token_strs"`
+	Tools               []json.RawMessage `json:"tools"`
+	ChatTemplateKwargs  map[string]any    `json:"chat_template_kwargs"`
 }
 
 type tokenizeResponse struct {

@@ -1,0 +1,150 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	"pagoda/engine"
+	"pagoda/jinja"
+	"pagoda/tokenizer"
+)
+
+// Submitter is the part of *engine.Engine that EngineBackend uses.
+type Submitter interface {
+	Submit(ctx context.Context, r *engine.Request) (<-chan engine.Event, error)
+}
+
+// EngineBackend is the Backend over Pagoda's engine, a tokenizer and a
+// Jinja chat template.
+type EngineBackend struct {
+	eng    Submitter
+	tok    tokenizer.Tokenizer
+	name   string
+	ctxLen int
+	tmpl   *jinja.Template // nil: the model has no chat template
+}
+
+// NewEngineBackend builds the Backend. chatTemplate overrides the
+// template in the tokenizer's vocabulary; with neither, chat requests get
+// a 400 and completions still work.
+func NewEngineBackend(eng Submitter, tok tokenizer.Tokenizer, name string, contextLen int, chatTemplate string) (*EngineBackend, error) {
+	if eng == nil || tok == nil {
+		return nil, errors.New("server: engine backend needs an engine and a tokenizer")
+	}
+	b := &EngineBackend{eng: eng, tok: tok, name: name, ctxLen: contextLen}
+	src := chatTemplate
+	if src == "" {
+		src = tok.Vocab().ChatTemplate
+	}
+	if src != "" {
+		t, err := jinja.Parse(src)
+		if err != nil {
+			return nil, fmt.Errorf("server: parsing the chat template: %w", err)
+		}
+		b.tmpl = t
+	}
+	return b, nil
+}
+
+func (b *EngineBackend) ModelName() string { return b.name }
+func (b *EngineBackend) ContextLen() int   { return b.ctxLen }
+func (b *EngineBackend) VocabSize() int    { return b.tok.Vocab().Size() }
+
+// Tokenize parses special-token text ("<|im_start|>") as the special
+// token, as HF tokenizers do by default; chat templates rely on it.
+func (b *EngineBackend) Tokenize(text string, addSpecial bool) []int32 {
+	return b.tok.Encode(text, tokenizer.Options{AddSpecial: addSpecial, ParseSpecial: true})
+}
+
+func (b *EngineBackend) Detokenize(ids []int32) string { return b.tok.Decode(ids) }
+
+// TokenText is the token's own text; control tokens (no output bytes) are
+// shown by their vocabulary string, and bytes that are not valid UTF-8 on
+// their own as "bytes:\xNN…".
+func (b *EngineBackend) TokenText(id int32) string {
+	v := b.tok.Vocab()
+	if id < 0 || int(id) >= v.Size() {
+		return ""
+	}
+	raw := b.tok.TokenBytes(id)
+	if len(raw) == 0 {
+		return v.Tokens[id]
+	}
+	if utf8.Valid(raw) {
+		return string(raw)
+	}
+	var sb strings.Builder
+	sb.WriteString("bytes:")
+	for _, c := range raw {
+		fmt.Fprintf(&sb, "\\x%02x", c)
+	}
+	return sb.String()
+}
+
+func (b *EngineBackend) Submit(ctx context.Context, r *engine.Request) (<-chan engine.Event, error) {
+	return b.eng.Submit(ctx, r)
+}
+
+// ApplyChat renders msgs with the template. extra["tools"] becomes the
+// template's tools; every other key is passed as a template variable.
+func (b *EngineBackend) ApplyChat(msgs []ChatMessage, addGenerationPrompt bool, extra map[string]any) (string, error) {
+	if b.tmpl == nil {
+		return "", errors.New("the model has no chat template; use /v1/completions or give the server a chat template")
+	}
+	v := b.tok.Vocab()
+	o := jinja.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Extra: map[string]any{}}
+	if v.BOS >= 0 && int(v.BOS) < v.Size() {
+		o.BOSToken = v.Tokens[v.BOS]
+	}
+	if v.EOS >= 0 && int(v.EOS) < v.Size() {
+		o.EOSToken = v.Tokens[v.EOS]
+	}
+	for k, x := range extra {
+		if k == "tools" {
+			if tools, ok := x.([]any); ok {
+				o.Tools = tools
+				continue
+			}
+		}
+		o.Extra[k] = x
+	}
+	jm := make([]jinja.Message, len(msgs))
+	for i, m := range msgs {
+		jm[i] = jinja.Message{Role: m.Role, Content: m.Content, Name: m.Name, ToolCallID: m.ToolCallID}
+		if len(m.ToolCalls) > 0 {
+			// Re-decode the client's tool calls into jinja's typed form.
+			raw, err := json.Marshal(m.ToolCalls)
+			if err != nil {
+				return "", fmt.Errorf("message %d: tool_calls: %w", i, err)
+			}
+			var calls []struct {
+				ID       string `json:"id"`
+				Type     string `json:"type"`
+				Function struct {
+					Name      string          `json:"name"`
+					Arguments json.RawMessage `json:"arguments"`
+				} `json:"function"`
+			}
+			if err := json.Unmarshal(raw, &calls); err != nil {
+				return "", fmt.Errorf("message %d: tool_calls: %w", i, err)
+			}
+			for _, c := range calls {
+				tc := jinja.ToolCall{ID: c.ID, Type: c.Type}
+				tc.Function.Name = c.Function.Name
+				// OpenAI sends arguments as a JSON string; accept an object too.
+				var s string
+				if json.Unmarshal(c.Function.Arguments, &s) == nil {
+					tc.Function.Arguments = s
+				} else {
+					tc.Function.Arguments = string(c.Function.Arguments)
+				}
+				jm[i].ToolCalls = append(jm[i].ToolCalls, tc)
+			}
+		}
+	}
+	return b.tmpl.RenderChat(jm, o)
+}
