@@ -850,3 +850,40 @@ func TestRandomWorkloadNoLeaks(t *testing.T) {
 	}
 	waitGoroutines(t, base)
 }
+
+// TestStaticBaseline: a static batch runs until its longest member ends
+// before the next starts; continuous batching refills freed seats at once.
+func TestStaticBaseline(t *testing.T) {
+	steps := map[bool]uint64{}
+	for _, static := range []bool{true, false} {
+		cfg := fakeConfig()
+		cfg.KVBlocks = 64
+		cfg.MaxNumSeqs = 4
+		cfg.Static = static
+		e, err := New(&fakeModel{}, newFakeTok(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var chans []<-chan Event
+		for i := 0; i < 8; i++ {
+			mt := 2
+			if i%4 == 0 {
+				mt = 20
+			}
+			ch, err := e.Submit(context.Background(), &Request{Prompt: []int32{int32(4 + i)}, MaxTokens: mt, IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			chans = append(chans, ch)
+		}
+		e.Start()
+		for _, ch := range chans {
+			collect(t, ch, 1)
+		}
+		e.Stop(context.Background())
+		steps[static] = e.Stats().Steps
+	}
+	if steps[true] != 40 || steps[false] > 25 {
+		t.Fatalf("steps: static %d (want 40), continuous %d (want ≤ 25)", steps[true], steps[false])
+	}
+}
