@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -202,5 +203,96 @@ func TestHFWarAndPeace(t *testing.T) {
 	}
 	if el > 10*time.Second {
 		t.Errorf("encoding took %v", el)
+	}
+}
+
+func bpeWarAndPeace(t testing.TB, short int) string {
+	b, err := os.ReadFile(testutil.Shared(t, "models/ollama/tokenizer-testdata/war-and-peace.txt"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if testing.Short() && len(b) > short {
+		b = b[:short]
+	}
+	return string(b)
+}
+
+// TestBPEStreamAndRoundTrip: every tokenizer gives war-and-peace back, and
+// the incremental detokenizer agrees with Decode.
+func TestBPEStreamAndRoundTrip(t *testing.T) {
+	text := bpeWarAndPeace(t, 20<<10)
+	if !testing.Short() {
+		text = text[:min(len(text), 400<<10)]
+	}
+	for _, dir := range []string{"llama3", "qwen3", "mistral-7b", "deepseek-v3", "gpt2"} {
+		tok := hfLoad(t, "models/tokenizers/"+dir)
+		ids := tok.Encode(text, Options{})
+		if got := tok.Decode(ids); got != text {
+			t.Errorf("%s: round trip differs", dir)
+		}
+		s := NewStream(tok)
+		var sb strings.Builder
+		for _, id := range ids {
+			sb.WriteString(s.Add(id))
+		}
+		sb.WriteString(s.Flush())
+		if sb.String() != text {
+			t.Errorf("%s: stream differs from the text", dir)
+		}
+	}
+}
+
+// TestBPEViaLoad goes through the package's Load (GGUF metadata reader),
+// which hands gpt2 vocabularies to NewBPE.
+func TestBPEViaLoad(t *testing.T) {
+	for _, name := range []string{"gpt-2", "deepseek-llm", "falcon"} {
+		p := testutil.Shared(t, "models/llama.cpp-vocab/ggml-vocab-"+name+".gguf")
+		tok, err := Load(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := tok.(*BPE); !ok {
+			t.Fatalf("%s: Load gave %T", name, tok)
+		}
+		texts, want := bpeCases(t, p+".inp", p+".out")
+		if bad := bpeCompare(t, name, tok, texts, want); bad > 0 {
+			t.Errorf("%s via Load: %d cases differ", name, bad)
+		}
+	}
+}
+
+func TestBPEConcurrent(t *testing.T) {
+	tok := hfLoad(t, "models/tokenizers/llama3")
+	text := bpeWarAndPeace(t, 64<<10)[:64<<10]
+	want := tok.Encode(text, Options{})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if got := tok.Encode(text, Options{}); !equalIDs(got, want) {
+				t.Error("concurrent encode differs")
+			}
+		}()
+	}
+	wg.Wait()
+}
+
+func BenchmarkBPEEncodeWarAndPeace(b *testing.B) {
+	p := testutil.Shared(b, "models/tokenizers/llama3")
+	tok, err := LoadHF(p)
+	if err != nil {
+		b.Fatal(err)
+	}
+	text := bpeWarAndPeace(b, 1<<30)
+	b.SetBytes(int64(len(text)))
+	for b.Loop() {
+		// A fresh tokenizer per run would time loading; clearing the word
+		// cache times the cold path.
+		bt := tok.(*BPE)
+		bt.mu.Lock()
+		clear(bt.cache)
+		bt.mu.Unlock()
+		tok.Encode(text, Options{})
 	}
 }
