@@ -104,12 +104,12 @@ func TestPrintFormat(t *testing.T) {
 		"Successful requests:                     32        \n",
 		"Failed requests:                         1         \n",
 		"Maximum request concurrency:             4         \n",
-		"Request rate configured (RPS):           inf       \n",
+		"Peak concurrent requests:                0.00      \n",
 		"Benchmark duration (s):                  150.87    \n",
 		"Total input tokens:                      65536     \n",
 		"Request throughput (req/s):              0.21      \n",
 		"Output token throughput (tok/s):         434.40    \n",
-		"Total Token throughput (tok/s):          868.80    \n",
+		"Total token throughput (tok/s):          868.80    \n",
 		"---------------Time to First Token----------------\n",
 		"Mean TTFT (ms):                          7279.56   \n",
 		"P99 TTFT (ms):                           10999.46  \n",
@@ -123,6 +123,15 @@ func TestPrintFormat(t *testing.T) {
 		if !strings.Contains(out, line) {
 			t.Errorf("missing line %q in\n%s", line, out)
 		}
+	}
+	if strings.Contains(out, "Request rate configured") {
+		t.Errorf("vLLM omits the configured rate when it is inf")
+	}
+	r.RequestRate = 12.5
+	b.Reset()
+	r.Print(&b)
+	if !strings.Contains(b.String(), "Request rate configured (RPS):           12.50     \n") {
+		t.Errorf("rate line missing:\n%s", b.String())
 	}
 	if !strings.HasSuffix(out, strings.Repeat("=", 50)+"\n") {
 		t.Errorf("table must end with the rule")

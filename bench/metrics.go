@@ -214,7 +214,8 @@ func center(s string, n int, c byte) string {
 	return strings.Repeat(string(c), l) + s + strings.Repeat(string(c), pad-l)
 }
 
-// Print writes the result as vLLM's `bench serve` table.
+// Print writes the result as vLLM's `bench serve` table (same labels and
+// widths, plus an End-to-end Latency section and the server metrics).
 func (r *Result) Print(w io.Writer) {
 	row := func(label string, v any) {
 		var s string
@@ -232,9 +233,7 @@ func (r *Result) Print(w io.Writer) {
 	if r.MaxConcurrency > 0 {
 		row("Maximum request concurrency:", r.MaxConcurrency)
 	}
-	if math.IsInf(r.RequestRate, 1) || r.RequestRate <= 0 {
-		row("Request rate configured (RPS):", "inf")
-	} else {
+	if !math.IsInf(r.RequestRate, 1) && r.RequestRate > 0 {
 		row("Request rate configured (RPS):", r.RequestRate)
 	}
 	row("Benchmark duration (s):", r.Duration)
@@ -243,8 +242,8 @@ func (r *Result) Print(w io.Writer) {
 	row("Request throughput (req/s):", r.RequestThroughput)
 	row("Output token throughput (tok/s):", r.OutputThroughput)
 	row("Peak output token throughput (tok/s):", r.PeakOutputThroughput)
-	row("Peak concurrent requests:", r.PeakConcurrent)
-	row("Total Token throughput (tok/s):", r.TotalTokenThroughput)
+	row("Peak concurrent requests:", float64(r.PeakConcurrent))
+	row("Total token throughput (tok/s):", r.TotalTokenThroughput)
 	section := func(title, short string, mean, median, p99 float64) {
 		fmt.Fprintln(w, center(title, 50, '-'))
 		row("Mean "+short+" (ms):", mean)
