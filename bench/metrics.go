@@ -27,8 +27,8 @@ type RequestOutput struct {
 	Text         string
 }
 
-// Stats summarises one latency metric in milliseconds.
-type Stats struct {
+// stats summarises one latency metric in milliseconds.
+type stats struct {
 	Mean, Median, Std, P99 float64
 }
 
@@ -96,9 +96,9 @@ func percentile(sorted []float64, p float64) float64 {
 	return sorted[lo] + (sorted[hi]-sorted[lo])*(r-float64(lo))
 }
 
-func summarize(xs []float64) Stats {
+func summarize(xs []float64) stats {
 	if len(xs) == 0 {
-		return Stats{}
+		return stats{}
 	}
 	s := slices.Clone(xs)
 	slices.Sort(s)
@@ -111,7 +111,7 @@ func summarize(xs []float64) Stats {
 	for _, x := range s {
 		ss += (x - mean) * (x - mean)
 	}
-	return Stats{Mean: mean, Median: percentile(s, 50), Std: math.Sqrt(ss / float64(len(s))), P99: percentile(s, 99)}
+	return stats{Mean: mean, Median: percentile(s, 50), Std: math.Sqrt(ss / float64(len(s))), P99: percentile(s, 99)}
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
