@@ -153,6 +153,42 @@ func TestEngineBackend(t *testing.T) {
 	}
 }
 
+// TestEngineBackendKVLimit: with no max_tokens the engine decides how far
+// a request may run, so a KV cache smaller than the context is no error.
+func TestEngineBackendKVLimit(t *testing.T) {
+	tok, err := tokenizer.Load(testutil.Shared(t, "models/gguf/stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	vocab := tok.Vocab().Size()
+	eng, err := engine.New(chainModel{vocab}, tok, engine.Config{NLayer: 1, NKVHead: 1, HeadDim: 4,
+		VocabSize: vocab, ContextLen: 256, BlockSize: 16, KVBlocks: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start()
+	defer eng.Stop(context.Background())
+	be, err := NewEngineBackend(eng, tok, "m", 256, testTemplate)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(be, Options{}).Handler())
+	defer ts.Close()
+	code, b := post(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
+	if code != 200 {
+		t.Fatal(code, string(b))
+	}
+	r := decode[complResp](t, b)
+	if *r.Choices[0].FinishReason != "length" || r.Usage.PromptTokens+r.Usage.CompletionTokens != 64 {
+		t.Fatalf("finish %s, usage %+v: want the 64-token KV cache filled", *r.Choices[0].FinishReason, r.Usage)
+	}
+	// An explicit max_tokens beyond the KV cache is the client's error.
+	if code, b := post(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":100}`); code != 400 ||
+		!strings.Contains(string(b), "KV cache") {
+		t.Fatalf("%d %s", code, b)
+	}
+}
+
 func TestEngineBackendTokenText(t *testing.T) {
 	tok, err := tokenizer.Load(testutil.Shared(t, "models/gguf/stories260K.gguf"))
 	if err != nil {

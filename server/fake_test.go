@@ -101,6 +101,10 @@ func (f *fakeBackend) Submit(ctx context.Context, r *engine.Request) (<-chan eng
 	f.started <- struct{}{}
 	ch := make(chan engine.Event, 256)
 	n := max(r.N, 1)
+	maxTokens := r.MaxTokens
+	if maxTokens == 0 {
+		maxTokens = f.ctxLen - len(r.Prompt)
+	}
 	go func() {
 		defer close(ch)
 		if f.hold != nil {
@@ -115,7 +119,7 @@ func (f *fakeBackend) Submit(ctx context.Context, r *engine.Request) (<-chan eng
 		}
 		done := make([]bool, n)
 		gen := 0
-		for k := 0; k < r.MaxTokens; k++ {
+		for k := 0; k < maxTokens; k++ {
 			for i := range n {
 				if done[i] {
 					continue
@@ -153,7 +157,7 @@ func (f *fakeBackend) Submit(ctx context.Context, r *engine.Request) (<-chan eng
 					ev.Text = "" // stop strings are not emitted
 					ev.Finish = engine.FinishStop
 					done[i] = true
-				case k == r.MaxTokens-1:
+				case k == maxTokens-1:
 					ev.Finish = engine.FinishLength
 					done[i] = true
 				}

@@ -183,7 +183,7 @@ func parseStop(raw json.RawMessage) ([]string, *apiError) {
 
 // setMaxTokens checks the prompt and the requested completion length
 // against the context and fills r.MaxTokens. def is the default when the
-// client gave none (<= 0: whatever room the context leaves).
+// client gave none (0: whatever room is left, as the engine decides).
 func (s *Server) setMaxTokens(r *engine.Request, p *commonParams, def int, field string) *apiError {
 	want := def
 	var asked *int
@@ -212,10 +212,12 @@ func (s *Server) setMaxTokens(r *engine.Request, p *commonParams, def int, field
 					strconv.Itoa(np+want) + " tokens (" + strconv.Itoa(np) + " in the prompt, " + strconv.Itoa(want) +
 					" in the completion). Please reduce the length of the prompt or the completion."}
 		}
-		if want <= 0 || np+want > ctxLen {
+		if want > 0 && np+want > ctxLen {
 			want = ctxLen - np
 		}
 	}
+	// 0 leaves the limit to the engine: the room left in the context or in
+	// the KV cache, whichever is smaller.
 	r.MaxTokens = max(want, 0)
 	return nil
 }

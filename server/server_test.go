@@ -297,7 +297,7 @@ func TestChatNonStreaming(t *testing.T) {
 	}
 	// No max_tokens in chat: whatever the context leaves.
 	post(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
-	if got := f.lastReq(t); got.MaxTokens != 64-len(got.Prompt) {
+	if got := f.lastReq(t); got.MaxTokens != 0 {
 		t.Fatalf("default chat max tokens %d with prompt %d", got.MaxTokens, len(got.Prompt))
 	}
 }
