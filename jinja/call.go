@@ -398,6 +398,9 @@ func (s *state) binop(op string, l, r any) (any, error) {
 		out := toStr(l) + toStr(r)
 		return out, s.checkSize(len(out))
 	}
+	if str, ok := l.(string); ok && op == "%" {
+		return percentFormat(str, r)
+	}
 	if _, ok := l.(Undefined); ok {
 		return nil, undefinedOperand(l)
 	}
@@ -450,6 +453,9 @@ func (s *state) binop(op string, l, r any) (any, error) {
 					}
 					return res, nil
 				}
+				if li == 0 {
+					return nil, fmt.Errorf("0.0 cannot be raised to a negative power")
+				}
 				return math.Pow(float64(li), float64(ri)), nil
 			}
 		}
@@ -481,6 +487,9 @@ func (s *state) binop(op string, l, r any) (any, error) {
 			}
 			return m, nil
 		case "**":
+			if a == 0 && b < 0 {
+				return nil, fmt.Errorf("0.0 cannot be raised to a negative power")
+			}
 			return math.Pow(a, b), nil
 		}
 	}
@@ -550,10 +559,25 @@ func undefinedOperand(v any) error {
 // percentFormat is Python's "fmt" % args for %s, %r, %d, %i, %f and %%.
 func percentFormat(format string, arg any) (any, error) {
 	var args []any
-	if l, ok := arg.(*List); ok && l.Tuple {
-		args = l.Items
-	} else {
+	switch x := arg.(type) {
+	case *List:
+		if x.Tuple {
+			args = x.Items
+		} else {
+			args = []any{arg}
+		}
+	case *Dict, Undefined:
+		// Python treats objects with __getitem__ as a mapping argument:
+		// no error when the format has no conversion specifiers.
+		if !strings.Contains(strings.ReplaceAll(format, "%%", ""), "%") {
+			return strings.ReplaceAll(format, "%%", "%"), nil
+		}
 		args = []any{arg}
+	default:
+		args = []any{arg}
+	}
+	if l, ok := arg.(*List); ok && !l.Tuple && !strings.Contains(strings.ReplaceAll(format, "%%", ""), "%") {
+		return strings.ReplaceAll(format, "%%", "%"), nil
 	}
 	var b strings.Builder
 	ai := 0

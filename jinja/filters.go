@@ -543,6 +543,9 @@ func fRound(_ *state, v any, args []any, kw []kwPair) (any, error) {
 	p := math.Pow(10, float64(prec))
 	switch method {
 	case "common":
+		if i, ok := asInt(v); ok && prec >= 0 {
+			return i, nil // Python's round(int, n) stays an int
+		}
 		// Python's round() on the scaled value: half to even is what
 		// Jinja's "common" ends up using through round().
 		return math.RoundToEven(x*p) / p, nil

@@ -63,7 +63,7 @@ func (s *state) runTest(name string, v any, args []any) (bool, error) {
 		return ok, nil
 	case "number":
 		switch v.(type) {
-		case int64, float64:
+		case int64, float64, bool:
 			return true, nil
 		}
 		return false, nil
