@@ -15,6 +15,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"net/http"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -430,6 +432,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	res := Compute(outs, time.Since(t0))
 	res.Endpoint, res.Dataset, res.Model = cfg.Endpoint, cfg.Dataset, cfg.Model
 	res.NumPrompts, res.MaxConcurrency = cfg.NumPrompts, cfg.MaxConcurrency
+	res.InputLen, res.OutputLen, res.PrefixLen, res.BaseURL = cfg.InputLen, cfg.OutputLen, cfg.PrefixLen, cfg.BaseURL
+	res.Date = t0.UTC().Format(time.RFC3339)
+	res.Host, _ = os.Hostname()
+	res.NumCPU, res.GoVersion = runtime.NumCPU(), runtime.Version()
 	res.RequestRate = cfg.RequestRate
 	if cfg.RequestRate <= 0 || math.IsInf(cfg.RequestRate, 1) {
 		res.RequestRate = math.Inf(1)

@@ -42,6 +42,18 @@ type Result struct {
 	RequestRate     float64 `json:"-"`
 	RequestRateJSON any     `json:"request_rate"` // number or "inf"
 	MaxConcurrency  int     `json:"max_concurrency"`
+	InputLen        int     `json:"input_len"`
+	OutputLen       int     `json:"output_len"`
+	PrefixLen       int     `json:"prefix_len"`
+	BaseURL         string  `json:"base_url"`
+
+	// Provenance: when and where the client ran. Commit is for the caller
+	// to fill (the binary's or the server's revision).
+	Date      string `json:"date"`
+	Host      string `json:"host"`
+	NumCPU    int    `json:"num_cpus"`
+	GoVersion string `json:"go_version"`
+	Commit    string `json:"commit,omitempty"`
 
 	Duration             float64 `json:"duration"` // seconds
 	Completed            int     `json:"completed"`
