@@ -120,7 +120,7 @@ func TestPrefixCacheHitAndTokenCheck(t *testing.T) {
 	if c.Usage().CachedFree != 3 {
 		t.Fatalf("cached-free %d, want 3", c.Usage().CachedFree)
 	}
-	if p.Queries != 10 || p.Hits != 8 {
+	if p.Queries != 10 || p.Hits != 8 || p.HitRate() != 0.8 {
 		t.Fatalf("counters %d/%d", p.Hits, p.Queries)
 	}
 }

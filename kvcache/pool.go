@@ -241,3 +241,11 @@ func (p *Pool) Check() error {
 	}
 	return nil
 }
+
+// HitRate is prefix-cache hits over queries, in tokens (0 before any query).
+func (p *Pool) HitRate() float64 {
+	if p.Queries == 0 {
+		return 0
+	}
+	return float64(p.Hits) / float64(p.Queries)
+}
