@@ -127,6 +127,11 @@ func (s *state) call(fn any, args []any, kw []kwPair, caller *macro) (any, error
 		return s.callMacro(x, args, kw, caller)
 	case *joiner:
 		return s.callMethod(x, "__call__", args, kw)
+	case *loopInfo:
+		if x.rec == nil || len(args) != 1 {
+			return nil, fmt.Errorf("loop() needs a recursive for loop and one argument")
+		}
+		return x.rec(args[0])
 	case Undefined:
 		if x.Name != "" {
 			return nil, fmt.Errorf("'%s' is undefined", x.Name)
@@ -505,7 +510,7 @@ func (s *state) binop(op string, l, r any) (any, error) {
 			}
 		case *List:
 			if y, ok := r.(*List); ok && x.Tuple == y.Tuple {
-				if err := s.checkSize(len(x.Items) + len(y.Items)); err != nil {
+				if err := s.checkItems(len(x.Items) + len(y.Items)); err != nil {
 					return nil, err
 				}
 				items := make([]any, 0, len(x.Items)+len(y.Items))
@@ -532,7 +537,7 @@ func (s *state) binop(op string, l, r any) (any, error) {
 			}
 			return strings.Repeat(x, int(n)), nil
 		case *List:
-			if err := s.checkSize(len(x.Items) * int(min(n, int64(s.maxOut)+1))); err != nil {
+			if err := s.checkItems(len(x.Items) * int(min(n, int64(s.maxSteps)+1))); err != nil {
 				return nil, err
 			}
 			out := &List{Tuple: x.Tuple}
@@ -598,6 +603,11 @@ func percentFormat(format string, arg any) (any, error) {
 		}
 		spec := format[i:j]
 		verb := format[j]
+		for _, num := range strings.FieldsFunc(spec, func(r rune) bool { return r < '0' || r > '9' }) {
+			if len(num) > 6 {
+				return nil, fmt.Errorf("format width or precision %s too large", num)
+			}
+		}
 		i = j
 		if verb == '%' {
 			b.WriteByte('%')

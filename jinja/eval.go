@@ -161,6 +161,14 @@ func (s *state) checkSize(n int) error {
 	return nil
 }
 
+// checkItems bounds list sizes built by the template.
+func (s *state) checkItems(n int) error {
+	if n > s.maxSteps {
+		return &RuntimeError{Msg: fmt.Sprintf("template list exceeds %d items", s.maxSteps)}
+	}
+	return nil
+}
+
 func (s *state) write(str string) error {
 	if err := s.checkSize(s.out.Len() + len(str)); err != nil {
 		return err

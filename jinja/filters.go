@@ -133,10 +133,13 @@ func fAttr(_ *state, v any, args []any, _ []kwPair) (any, error) {
 	return getAttr(v, toStr(args[0])), nil
 }
 
-func fBatch(_ *state, v any, args []any, kw []kwPair) (any, error) {
+func fBatch(s *state, v any, args []any, kw []kwPair) (any, error) {
 	n, ok := asInt(kwOr(args, kw, 0, "linecount", nil))
 	if !ok || n <= 0 {
 		return nil, fmt.Errorf("batch needs a positive line count")
+	}
+	if n > int64(s.maxSteps) {
+		return nil, fmt.Errorf("batch size %d exceeds the template step limit", n)
 	}
 	fill, hasFill := argOr(args, kw, 1, "fill_with")
 	items, err := iterate(v)
@@ -337,7 +340,7 @@ func lookupPath(v any, attr any) any {
 	return getItem(v, attr)
 }
 
-func fIndent(_ *state, v any, args []any, kw []kwPair) (any, error) {
+func fIndent(st *state, v any, args []any, kw []kwPair) (any, error) {
 	width := kwOr(args, kw, 0, "width", int64(4))
 	first := truthy(kwOr(args, kw, 1, "first", false))
 	blank := truthy(kwOr(args, kw, 2, "blank", false))
@@ -347,8 +350,11 @@ func fIndent(_ *state, v any, args []any, kw []kwPair) (any, error) {
 	} else {
 		ind = toStr(width)
 	}
-	s := toStr(v)
-	lines := strings.Split(s, "\n")
+	str := toStr(v)
+	lines := strings.Split(str, "\n")
+	if err := st.checkSize(len(str) + len(lines)*len(ind)); err != nil {
+		return nil, err
+	}
 	for i, l := range lines {
 		if i == 0 && !first {
 			continue
@@ -605,14 +611,13 @@ func fStriptags(_ *state, v any, _ []any, _ []kwPair) (any, error) {
 	return strings.Join(strings.Fields(html.UnescapeString(b.String())), " "), nil
 }
 
-func fSum(_ *state, v any, args []any, kw []kwPair) (any, error) {
+func fSum(s *state, v any, args []any, kw []kwPair) (any, error) {
 	attr, hasAttr := argOr(args, kw, 0, "attribute")
 	var total any = kwOr(args, kw, 1, "start", int64(0))
 	items, err := iterate(v)
 	if err != nil {
 		return nil, err
 	}
-	s := &state{maxOut: defaultMaxOutput}
 	for _, it := range items {
 		if hasAttr {
 			it = lookupPath(it, attr)

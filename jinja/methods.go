@@ -257,8 +257,17 @@ func (s *state) strMethod(x, name string, args []any, kw []kwPair) (any, error) 
 		if len(args) == 3 {
 			n, _ = asInt(args[2])
 		}
-		out := strings.Replace(x, old, nw, int(n))
-		return out, s.checkSize(len(out))
+		count := int64(strings.Count(x, old))
+		if old == "" {
+			count = int64(len([]rune(x))) + 1
+		}
+		if n >= 0 && n < count {
+			count = n
+		}
+		if err := s.checkSize(len(x) + int(min(count, int64(s.maxOut)))*len(nw)); err != nil {
+			return nil, err
+		}
+		return strings.Replace(x, old, nw, int(n)), nil
 	case "find", "rfind", "index":
 		if err := nargs(name, args, 1, 1); err != nil {
 			return nil, err
@@ -581,7 +590,7 @@ func (s *state) listMethod(l *List, name string, args []any, kw []kwPair) (any, 
 		if err := nargs(name, args, 1, 1); err != nil {
 			return nil, err
 		}
-		if err := s.checkSize(len(l.Items) + 1); err != nil {
+		if err := s.checkItems(len(l.Items) + 1); err != nil {
 			return nil, err
 		}
 		l.Items = append(l.Items, args[0])
@@ -594,7 +603,7 @@ func (s *state) listMethod(l *List, name string, args []any, kw []kwPair) (any, 
 		if err != nil {
 			return nil, err
 		}
-		if err := s.checkSize(len(l.Items) + len(items)); err != nil {
+		if err := s.checkItems(len(l.Items) + len(items)); err != nil {
 			return nil, err
 		}
 		l.Items = append(l.Items, items...)

@@ -137,10 +137,25 @@ type condExpr struct {
 // ---- parser ----
 
 type parser struct {
-	src  string
-	toks []token
-	i    int
+	src   string
+	toks  []token
+	i     int
+	depth int
 }
+
+// maxNesting bounds parser recursion so hostile input cannot exhaust the
+// goroutine stack (a fatal error, not a recoverable panic).
+const maxNesting = 256
+
+func (p *parser) enter() error {
+	p.depth++
+	if p.depth > maxNesting {
+		return p.errAt(p.peek().pos, "nesting deeper than %d", maxNesting)
+	}
+	return nil
+}
+
+func (p *parser) leave() { p.depth-- }
 
 func (p *parser) peek() token { return p.toks[p.i] }
 func (p *parser) next() token {
@@ -261,6 +276,10 @@ func (p *parser) parseBody(ends ...string) ([]node, string, error) {
 }
 
 func (p *parser) parseStatement() (node, error) {
+	if err := p.enter(); err != nil {
+		return nil, err
+	}
+	defer p.leave()
 	t := p.next()
 	switch t.val {
 	case "if":
@@ -615,6 +634,10 @@ func (p *parser) parseTupleExpr() (expr, error) {
 }
 
 func (p *parser) parseExpr() (expr, error) {
+	if err := p.enter(); err != nil {
+		return nil, err
+	}
+	defer p.leave()
 	e, err := p.parseOr()
 	if err != nil {
 		return nil, err
@@ -672,6 +695,10 @@ func (p *parser) parseAnd() (expr, error) {
 func (p *parser) parseNot() (expr, error) {
 	if p.isName("not") {
 		p.next()
+		if err := p.enter(); err != nil {
+			return nil, err
+		}
+		defer p.leave()
 		x, err := p.parseNot()
 		if err != nil {
 			return nil, err
@@ -790,6 +817,10 @@ func (p *parser) parseUnary(withFilter bool) (expr, error) {
 	switch {
 	case p.isOp("-") || p.isOp("+"):
 		t := p.next()
+		if err := p.enter(); err != nil {
+			return nil, err
+		}
+		defer p.leave()
 		x, err := p.parseUnary(false)
 		if err != nil {
 			return nil, err
