@@ -2,4 +2,4 @@
 
 package kernels
 
-func setFloatAVX2()   {}
+func setFloatAVX2() {}

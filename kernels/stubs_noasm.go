@@ -5,3 +5,5 @@ package kernels
 func setSIMD(string) {}
 
 func usesPacked() bool { return false }
+
+func spinPause() {}
