@@ -59,8 +59,10 @@ var exp2Table = [64]float64{
 
 // expNegShift writes e^(src[i]-m) into dst and returns their sum. It is
 // expNeg with the body inlined by hand: the call overhead dominated when the
-// whole vocabulary is exponentiated, and independent iterations let the CPU
-// overlap the polynomial chains. It must stay bit-identical to expNeg.
+// whole vocabulary is exponentiated. Four partial sums break the serial
+// dependency of one accumulator; the order of additions is fixed, so the
+// result is still reproducible. Each element must stay bit-identical to
+// expNeg.
 func expNegShift(dst []float64, src []float32, m float32) float64 {
 	const (
 		invC = 92.33248261689366
@@ -69,27 +71,24 @@ func expNegShift(dst []float64, src []float32, m float32) float64 {
 	)
 	dst = dst[:len(src)]
 	fm := float64(m)
-	var sum float64
+	var acc [4]float64
 	for i, l := range src {
 		x := float64(l) - fm
-		if !(x >= -708) {
-			dst[i] = 0
-			continue
+		e := 0.0
+		if x >= -708 {
+			x = min(x, 0)
+			n := int64(float64(x*invC) - 0.5)
+			fn := float64(n)
+			r := x - float64(fn*cHi) - float64(fn*cLo)
+			p := float64(r*(1.0/120)) + 1.0/24
+			p = float64(p*r) + 1.0/6
+			p = float64(p*r) + 0.5
+			p = float64(p*r) + 1
+			p = float64(p*r) + 1
+			e = float64(float64(p*exp2Table[n&63]) * math.Float64frombits(uint64((n>>6)+1023)<<52))
 		}
-		if x > 0 {
-			x = 0
-		}
-		n := int64(float64(x*invC) - 0.5)
-		fn := float64(n)
-		r := x - float64(fn*cHi) - float64(fn*cLo)
-		p := float64(r*(1.0/120)) + 1.0/24
-		p = float64(p*r) + 1.0/6
-		p = float64(p*r) + 0.5
-		p = float64(p*r) + 1
-		p = float64(p*r) + 1
-		e := float64(float64(p*exp2Table[n&63]) * math.Float64frombits(uint64((n>>6)+1023)<<52))
 		dst[i] = e
-		sum += e
+		acc[i&3] += e
 	}
-	return sum
+	return (acc[0] + acc[1]) + (acc[2] + acc[3])
 }

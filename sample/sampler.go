@@ -182,21 +182,24 @@ func (s *Sampler) filterNoTopK(logits []float32, topP, minP bool) []cand {
 	if !ok {
 		return nil
 	}
-	exps := s.expBuf(n)
-	total := expNegShift(exps, logits, m)
 	cands := s.cands[:0]
-	thr := 0.0
-	if minP {
-		thr = float64(s.p.MinP)
-	}
 	if !topP {
-		for i, e := range exps {
-			if e >= thr && e > 0 {
-				cands = append(cands, cand{int32(i), logits[i]})
+		// min-p alone needs no exponentials: p/p_max >= min_p is
+		// logit - max >= ln(min_p). draw exponentiates the few survivors.
+		lthr := math.Log(float64(s.p.MinP))
+		for i, l := range logits {
+			if float64(l)-float64(m) >= lthr {
+				cands = append(cands, cand{int32(i), l})
 			}
 		}
 		s.cands = cands
 		return cands
+	}
+	exps := s.expBuf(n)
+	total := expNegShift(exps, logits, m)
+	thr := 0.0
+	if minP {
+		thr = float64(s.p.MinP)
 	}
 
 	var mass [numBuckets]float64
