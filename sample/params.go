@@ -18,5 +18,5 @@ type Params struct {
 
 	LogitBias map[int32]float32
 	Seed      uint64
-	HasSeed   bool // false: seed from the clock
+	HasSeed   bool // false: a random seed per sampler
 }

@@ -511,3 +511,17 @@ func TestExpNegShiftMatches(t *testing.T) {
 		t.Fatalf("sum %v vs %v", sum, want)
 	}
 }
+
+func TestUnseededSamplersDiffer(t *testing.T) {
+	logits := make([]float32, 1000)
+	a, _ := New(Params{Temperature: 1})
+	b, _ := New(Params{Temperature: 1})
+	var sa, sb []int32
+	for i := 0; i < 20; i++ {
+		sa = append(sa, a.Sample(slices.Clone(logits), nil))
+		sb = append(sb, b.Sample(slices.Clone(logits), nil))
+	}
+	if slices.Equal(sa, sb) {
+		t.Fatal("two unseeded samplers produced the same stream")
+	}
+}

@@ -3,8 +3,8 @@ package sample
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"slices"
-	"time"
 )
 
 // Validate checks every field's range; errors name the field.
@@ -70,15 +70,18 @@ type cand struct {
 	logit float32
 }
 
-// New validates p and returns a sampler seeded from p.Seed (or the clock when
-// !p.HasSeed).
+// New validates p and returns a sampler seeded from p.Seed (or a random seed
+// when !p.HasSeed).
 func New(p Params) (*Sampler, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
 	seed := p.Seed
 	if !p.HasSeed {
-		seed = uint64(time.Now().UnixNano())
+		// math/rand/v2's global source is randomly seeded per process, so
+		// samplers built in the same instant still differ (a clock seed
+		// would repeat). Reproducibility only matters with HasSeed.
+		seed = rand.Uint64()
 	}
 	return &Sampler{p: p, rng: newRNG(seed)}, nil
 }
