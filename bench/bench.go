@@ -74,7 +74,12 @@ func (c *Config) defaults() error {
 		c.NumPrefixes = 1
 	}
 	if c.Client == nil {
-		c.Client = &http.Client{}
+		// Keep a connection per concurrent request alive, so TTFT does not
+		// include dialing (Go keeps only 2 idle per host by default).
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConnsPerHost = max(c.MaxConcurrency, 256)
+		tr.MaxIdleConns = tr.MaxIdleConnsPerHost
+		c.Client = &http.Client{Transport: tr}
 	}
 	c.BaseURL = strings.TrimSuffix(strings.TrimSuffix(c.BaseURL, "/"), "/v1")
 	switch {
@@ -376,6 +381,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err := cfg.defaults(); err != nil {
 		return nil, err
 	}
+	defer cfg.Client.CloseIdleConnections()
 	prompts, err := cfg.dataset(ctx)
 	if err != nil {
 		return nil, err
