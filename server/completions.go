@@ -13,6 +13,10 @@ import (
 	"pagoda/engine"
 )
 
+// maxChoices bounds prompts × n in one request, so one call cannot fill
+// the engine's waiting queue on its own.
+const maxChoices = 256
+
 type completionRequest struct {
 	commonParams
 	Prompt           json.RawMessage `json:"prompt"`
@@ -106,6 +110,10 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	prompts, ae := parsePrompt(req.Prompt)
 	if ae != nil {
 		writeAPIError(w, ae)
+		return
+	}
+	if len(prompts)*base.N > maxChoices {
+		writeAPIError(w, badRequest("prompt", "%d prompts × n = %d asks for more than %d completions in one request", len(prompts), base.N, maxChoices))
 		return
 	}
 	addSpecial := true

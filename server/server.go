@@ -123,6 +123,9 @@ func (s *Server) Handler() http.Handler {
 			defer s.httpLive.Dec()
 		}
 		s.mux.ServeHTTP(rec, r)
+		if rec.status >= 500 {
+			s.log.Warn("server: request failed", "method", r.Method, "path", r.URL.Path, "status", rec.status)
+		}
 		if s.httpReqs != nil {
 			path := metricPath(r.URL.Path)
 			s.httpReqs.WithLabelValues(path, strconv.Itoa(rec.status)).Inc()

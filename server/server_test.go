@@ -483,6 +483,7 @@ func TestErrors(t *testing.T) {
 		{"empty prompt list", "/v1/completions", `{"prompt":[]}`, 400, "prompt", ""},
 		{"bad prompt ids", "/v1/completions", `{"prompt":[1,-4]}`, 400, "prompt", ""},
 		{"prompt id range", "/v1/completions", `{"prompt":[[1],[400]]}`, 400, "prompt", ""},
+		{"too many prompts", "/v1/completions", `{"prompt":[` + strings.Repeat(`[5],`, 100) + `[5]],"n":3}`, 400, "prompt", "more than 256"},
 		{"mixed prompt", "/v1/completions", `{"prompt":[[1],{"a":1}]}`, 400, "prompt", ""},
 		{"empty prompt", "/v1/completions", `{"prompt":"","add_special_tokens":false}`, 400, "prompt", "empty"},
 		{"too long", "/v1/completions", `{"prompt":"` + long + `"}`, 400, "prompt", "maximum context length is 64 tokens. However, your prompt has 71 tokens"},
