@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"pagoda/testutil"
 )
@@ -59,7 +60,12 @@ func TestChatGolden(t *testing.T) {
 			for _, tl := range c.Tools {
 				o.Tools = append(o.Tools, tl)
 			}
-			got, err := RenderChat(tpl, c.Messages, o)
+			parsed, err := Parse(tpl)
+			if err != nil {
+				t.Fatal(err)
+			}
+			parsed.Now = func() time.Time { return time.Date(2024, 7, 6, 15, 4, 5, 0, time.UTC) }
+			got, err := parsed.RenderChat(c.Messages, o)
 			if c.Output == nil {
 				want := c.Error[strings.Index(c.Error, ": ")+2:]
 				if err == nil || !strings.Contains(err.Error(), want) {
@@ -146,5 +152,29 @@ func TestTemplateFromConfig(t *testing.T) {
 	}
 	if _, err := TemplateFromConfig([]byte(cfg), "nope"); err == nil {
 		t.Error("missing name accepted")
+	}
+}
+
+func BenchmarkRenderChatQwen3(b *testing.B) {
+	data, err := os.ReadFile(testutil.Shared(b, "models/tokenizers/qwen3/tokenizer_config.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	src, err := TemplateFromConfig(data, "")
+	if err != nil {
+		b.Fatal(err)
+	}
+	tpl, err := Parse(src)
+	if err != nil {
+		b.Fatal(err)
+	}
+	var msgs []Message
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, conv...)
+	}
+	for b.Loop() {
+		if _, err := tpl.RenderChat(msgs, ChatOptions{AddGenerationPrompt: true}); err != nil {
+			b.Fatal(err)
+		}
 	}
 }

@@ -327,9 +327,10 @@ func (s *state) assign(target expr, v any, f *frame, pos int) error {
 
 // loopInfo is the "loop" variable.
 type loopInfo struct {
-	items  []any
-	index0 int
-	depth0 int
+	items   []any
+	index0  int
+	depth0  int
+	changed []any // last arguments of loop.changed, nil before the first call
 	rec    func(v any) (any, error) // loop(…) in recursive loops
 }
 

@@ -148,6 +148,13 @@ func (s *state) callMethod(recv any, name string, args []any, kw []kwPair) (any,
 				return nil, fmt.Errorf("no items for cycling given")
 			}
 			return args[x.index0%len(args)], nil
+		case "changed":
+			cur := &List{Items: args}
+			if x.changed != nil && equal(&List{Items: x.changed}, cur) {
+				return false, nil
+			}
+			x.changed = append([]any{}, args...)
+			return true, nil
 		}
 	case *cycler:
 		switch name {

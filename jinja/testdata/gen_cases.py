@@ -69,6 +69,7 @@ CASES = [
     "{% for i in range(3) %}{% for j in range(2) %}{{ loop.index }}{% endfor %}:{{ loop.index }} {% endfor %}",
     "{{ range(5) | list }} {{ range(1, 4) | list }} {{ range(10, 0, -3) | list }}",
     "{% for m in msgs %}{{ loop.cycle('odd', 'even') }}{% endfor %}",
+    "{% for r in msgs | map(attribute='role') %}{% if loop.changed(r) %}[{{ r }}]{% endif %}{% endfor %}{% for x in [1, 1, 2, 2, 1] %}{{ loop.changed(x) }}{% endfor %}",
     "{% for a, b in [(1, 2), (3, 4)] %}{{ a + b }}{% endfor %}",
     "{% set count = 0 %}{% for i in range(3) %}{% set count = count + 1 %}{{ count }}{% endfor %}{{ count }}",
     # set / namespace

@@ -75,6 +75,14 @@ for name in ["chatml", "llama2", "mistral-instruct-v0.1", "phi3", "zephyr"]:
     CASES.append(dict(name=name, source=src, messages=BASIC, gen=True, bos="<s>", eos="</s>"))
     CASES.append(dict(name=name + "-nosys-nogen", source=src, messages=NO_SYSTEM, gen=False, bos="<s>", eos="</s>"))
 
+for name, msgs, tools in [("llama3.2-tools", BASIC, None), ("llama3.2-tools", [BASIC[0]] + TOOL_CONV, TOOLS)]:
+    CASES.append(dict(name=name + ("-with-tools" if tools else ""), source={"testdata": "llama3.2-tools.jinja"},
+                      messages=msgs, gen=True, tools=tools, bos="<|begin_of_text|>", eos="<|eot_id|>"))
+
+# strftime_now at a fixed instant; the Go test sets Template.Now to match.
+from datetime import datetime
+env.globals["strftime_now"] = lambda fmt: datetime(2024, 7, 6, 15, 4, 5).strftime(fmt)
+
 out = []
 for c in CASES:
     if "shared" in c["source"]:
