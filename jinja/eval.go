@@ -330,8 +330,8 @@ type loopInfo struct {
 	items   []any
 	index0  int
 	depth0  int
-	changed []any // last arguments of loop.changed, nil before the first call
-	rec    func(v any) (any, error) // loop(…) in recursive loops
+	changed []any                    // last arguments of loop.changed, nil before the first call
+	rec     func(v any) (any, error) // loop(…) in recursive loops
 }
 
 func (s *state) execFor(n *forNode, f *frame) error {
