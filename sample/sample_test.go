@@ -525,3 +525,23 @@ func TestUnseededSamplersDiffer(t *testing.T) {
 		t.Fatal("two unseeded samplers produced the same stream")
 	}
 }
+
+func TestBannedTokensNeverSampled(t *testing.T) {
+	ninf := float32(math.Inf(-1))
+	for _, p := range []Params{
+		{Temperature: 1},
+		{Temperature: 1, TopK: 3},
+		{Temperature: 1, TopP: 0.99},
+		{Temperature: 1, MinP: 0.01},
+		{Temperature: 1, TopK: 4, TopP: 0.9, MinP: 0.01},
+	} {
+		p.HasSeed = true
+		s, _ := New(p)
+		for i := 0; i < 2000; i++ {
+			l := []float32{ninf, 0, ninf, 0.5, float32(math.NaN()), ninf}
+			if id := s.Sample(l, nil); id != 1 && id != 3 {
+				t.Fatalf("%+v: sampled banned/NaN token %d", p, id)
+			}
+		}
+	}
+}

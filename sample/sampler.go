@@ -304,13 +304,19 @@ func (s *Sampler) draw(cands []cand) int32 {
 	}
 	u := s.rng.float64() * total
 	var cum float64
+	last := cands[0].id
 	for _, c := range cands {
-		cum += expNeg(float64(c.logit) - float64(m))
+		e := expNeg(float64(c.logit) - float64(m))
+		if e == 0 {
+			continue
+		}
+		cum += e
+		last = c.id
 		if u < cum {
 			return c.id
 		}
 	}
-	return cands[len(cands)-1].id
+	return last // rounding left u just past the final sum
 }
 
 func (s *Sampler) applyBias(logits []float32) {
