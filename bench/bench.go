@@ -61,6 +61,15 @@ type Config struct {
 	SkipTestRequest bool // vLLM sends one request first to check the setup
 	ScrapeMetrics   bool // read /metrics before and after the run
 	Client          *http.Client
+
+	clock func() time.Time // tests: a deterministic clock
+}
+
+func (c *Config) now() time.Time {
+	if c.clock != nil {
+		return c.clock()
+	}
+	return time.Now()
 }
 
 func (c *Config) defaults() error {
@@ -280,12 +289,12 @@ type streamChunk struct {
 // send runs one streamed request, timing each chunk that carries text.
 func (c *Config) send(ctx context.Context, p prompt, t0 time.Time) RequestOutput {
 	o := RequestOutput{PromptLen: p.len}
-	start := time.Now()
+	start := c.now()
 	o.Start = start.Sub(t0)
 	fail := func(format string, args ...any) RequestOutput {
 		o.Success = false
 		o.Error = fmt.Sprintf(format, args...)
-		o.End = time.Since(t0)
+		o.End = c.now().Sub(t0)
 		return o
 	}
 	req, err := http.NewRequestWithContext(ctx, "POST", c.BaseURL+c.path(), bytes.NewReader(c.body(p)))
@@ -309,7 +318,7 @@ func (c *Config) send(ctx context.Context, p prompt, t0 time.Time) RequestOutput
 	done := false
 	for !done {
 		line, err := br.ReadBytes('\n')
-		now := time.Now()
+		now := c.now()
 		line = bytes.TrimSpace(line)
 		if data, ok := bytes.CutPrefix(line, []byte("data:")); ok {
 			data = bytes.TrimSpace(data)
@@ -355,7 +364,7 @@ func (c *Config) send(ctx context.Context, p prompt, t0 time.Time) RequestOutput
 			return fail("reading stream: %v", err)
 		}
 	}
-	o.End = time.Since(t0)
+	o.End = c.now().Sub(t0)
 	if chunks == 0 {
 		return fail("no tokens streamed (done=%v)", done)
 	}
@@ -387,7 +396,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return nil, err
 	}
 	if !cfg.SkipTestRequest {
-		if o := cfg.send(ctx, prompts[0], time.Now()); !o.Success {
+		if o := cfg.send(ctx, prompts[0], cfg.now()); !o.Success {
 			return nil, fmt.Errorf("bench: test request to %s%s failed: %s", cfg.BaseURL, cfg.path(), o.Error)
 		}
 	}
@@ -403,12 +412,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	}
 	outs := make([]RequestOutput, len(prompts))
 	var wg sync.WaitGroup
-	t0 := time.Now()
+	t0 := cfg.now()
 	next := t0
 	for i, p := range prompts {
 		if i > 0 && cfg.RequestRate > 0 && !math.IsInf(cfg.RequestRate, 1) {
 			next = next.Add(interval(rng, cfg.RequestRate))
-			if d := time.Until(next); d > 0 {
+			if d := next.Sub(cfg.now()); d > 0 {
 				select {
 				case <-time.After(d):
 				case <-ctx.Done():
@@ -435,7 +444,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		}()
 	}
 	wg.Wait()
-	res := Compute(outs, time.Since(t0))
+	res := Compute(outs, cfg.now().Sub(t0))
 	res.Endpoint, res.Dataset, res.Model = cfg.Endpoint, cfg.Dataset, cfg.Model
 	res.NumPrompts, res.MaxConcurrency = cfg.NumPrompts, cfg.MaxConcurrency
 	res.InputLen, res.OutputLen, res.PrefixLen, res.BaseURL = cfg.InputLen, cfg.OutputLen, cfg.PrefixLen, cfg.BaseURL

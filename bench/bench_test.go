@@ -403,3 +403,56 @@ other_metric 1e3
 		t.Fatalf("extras %v", r.ServerMetrics)
 	}
 }
+
+// tickClock advances one millisecond per reading, so a run's timings
+// depend only on how many times the client looked at the clock.
+type tickClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *tickClock) now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(time.Millisecond)
+	return c.t
+}
+
+// TestRunExactArithmetic runs the real HTTP path with a clock that ticks
+// once per stream line read. Per request the client reads: start, then
+// 5 token lines each followed by a blank line, the usage line, a blank, and
+// [DONE], then the end. So TTFT = 1 ms, ITL = 2 ms ×4, latency = 9 ms,
+// TPOT = (9−1)/(5−1) = 2 ms, and each request spans 14 ticks.
+func TestRunExactArithmetic(t *testing.T) {
+	f := &fakeSSE{tokens: 5}
+	ts := httptest.NewServer(f)
+	defer ts.Close()
+	clk := &tickClock{t: time.Unix(0, 0)}
+	res, err := Run(context.Background(), Config{BaseURL: ts.URL, NumPrompts: 3, InputLen: 4, OutputLen: 5, VocabSize: 50,
+		MaxConcurrency: 1, APIKey: "k", SkipTestRequest: true, clock: clk.now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// t0, 3 × (start + 13 lines + end), final reading.
+	near(t, "duration", res.Duration, 0.046)
+	if res.Completed != 3 || res.TotalOutput != 15 || res.TotalInput != 12 || res.PeakConcurrent != 1 {
+		t.Fatalf("counts: %+v", res)
+	}
+	near(t, "mean ttft", res.MeanTTFT, 1)
+	near(t, "p99 ttft", res.P99TTFT, 1)
+	near(t, "std ttft", res.StdTTFT, 0)
+	near(t, "mean itl", res.MeanITL, 2)
+	near(t, "median itl", res.MedianITL, 2)
+	near(t, "mean tpot", res.MeanTPOT, 2)
+	near(t, "mean e2el", res.MeanE2EL, 9)
+	near(t, "p99 e2el", res.P99E2EL, 9)
+	near(t, "request throughput", res.RequestThroughput, 3/0.046)
+	near(t, "output throughput", res.OutputThroughput, 15/0.046)
+	near(t, "total throughput", res.TotalTokenThroughput, 27/0.046)
+	near(t, "peak output", res.PeakOutputThroughput, 15)
+	for i, g := range res.ITLs {
+		if !reflect.DeepEqual(g, []float64{0.002, 0.002, 0.002, 0.002}) {
+			t.Fatalf("request %d gaps %v", i, g)
+		}
+	}
+}
