@@ -45,6 +45,9 @@ func quantizeActs(p *Pool, pk *packed, x []float32, batch, cols int, a *actBuf) 
 			st := a.st[r0*nb*2 : (r0+nt)*nb*2]
 			for n := 0; n < nt; n++ {
 				row := x[(r0+n)*cols : (r0+n+1)*cols]
+				if quantRowFast(pk, row, q, st, n, nt) {
+					continue
+				}
 				for c0 := 0; c0 < cols; c0 += 256 {
 					seg := min(256, cols-c0)
 					xs := row[c0 : c0+seg]

@@ -160,3 +160,47 @@ func testMatMul(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeActsISA: the assembly activation quantizers produce the same
+// bytes and scales as the Go ones (ties and all-zero blocks included).
+func TestQuantizeActsISA(t *testing.T) {
+	r := rand.New(rand.NewPCG(9, 10))
+	kinds := []*packed{
+		{kind: packQ8C, act: actQ8_0, block: 32, k: 128},
+		{kind: packQ4C, act: actQ8_0, block: 32, k: 8},
+		{kind: packSM16, act: actQ8_K, block: 16},
+		{kind: packSM16, act: actQ8_0, block: 16},
+	}
+	prev := ISA()
+	defer SetISA(prev)
+	for _, pk := range kinds {
+		for _, batch := range []int{1, 3, 8, 11} {
+			const cols = 512
+			x := randF32(r, batch*cols)
+			for i := 0; i < cols; i++ {
+				x[i] = float32(r.IntN(9)-4) * 0.25 // ties
+			}
+			if batch > 1 {
+				clear(x[cols : cols+256]) // zero blocks
+			}
+			if batch > 2 {
+				x[2*cols+300] = -50 // negative extreme
+			}
+			var want, got actBuf
+			SetISA("generic")
+			quantizeActs(nil, pk, x, batch, cols, &want)
+			SetISA(prev)
+			quantizeActs(nil, pk, x, batch, cols, &got)
+			for i := range want.q {
+				if want.q[i] != got.q[i] {
+					t.Fatalf("%+v batch %d: q[%d] = %d, want %d", *pk, batch, i, got.q[i], want.q[i])
+				}
+			}
+			for i := range want.st {
+				if !closeRel(got.st[i], want.st[i], 1e-6) {
+					t.Fatalf("%+v batch %d: st[%d] = %g, want %g", *pk, batch, i, got.st[i], want.st[i])
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,54 @@
+//go:build amd64 && !purego
+
+package kernels
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+
+	"pagoda/quant"
+)
+
+// BenchmarkGemmKernel times the micro-kernels alone on one thread with
+// cache-resident operands (one 16-row group × 2048 columns against one
+// activation tile): the compute ceiling the matmul can approach.
+func BenchmarkGemmKernel(b *testing.B) {
+	if ISA() != "avx512" {
+		b.Skip("no AVX-512 VNNI")
+	}
+	r := rand.New(rand.NewPCG(1, 2))
+	const cols = 2048
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_K} {
+		m, _ := randMatrix(b, r, typ, 16, cols)
+		pk := m.packedOf()
+		fns := map[packKind]*[9]gemmKernel{packQ8C: &gemmQ8CFns, packQ4C: &gemmQ4CFns, packSM16: &gemmSM16_Fns}[pk.kind]
+		for _, n := range []int{1, 4, 8} {
+			var a actBuf
+			quantizeActs(nil, pk, randF32(r, n*cols), n, cols, &a)
+			var tmp [128]float32
+			b.Run(fmt.Sprintf("%s/n%d", typ, n), func(b *testing.B) {
+				for b.Loop() {
+					fns[n](&pk.data[0], &a.q[0], &a.st[0], &tmp[0], pk.nb)
+				}
+				sec := b.Elapsed().Seconds() / float64(b.N)
+				b.ReportMetric(2*16*cols*float64(n)/sec/1e9, "GOP/s")
+			})
+		}
+	}
+}
+
+func BenchmarkQuantizeActs(b *testing.B) {
+	r := rand.New(rand.NewPCG(1, 2))
+	for _, pk := range []*packed{{kind: packQ8C, act: actQ8_0, block: 32, k: 128}, {kind: packSM16, act: actQ8_K, block: 16}} {
+		act := pk.act
+		x := randF32(r, 2048)
+		var a actBuf
+		b.Run(fmt.Sprint(act), func(b *testing.B) {
+			for b.Loop() {
+				quantizeActs(nil, pk, x, 1, 2048, &a)
+			}
+			b.ReportMetric(2048/(b.Elapsed().Seconds()/float64(b.N))/1e9, "Gelem/s")
+		})
+	}
+}
