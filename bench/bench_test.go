@@ -217,10 +217,10 @@ func TestRunTimingAndRequests(t *testing.T) {
 		}
 	}
 	// Wall-clock figures: bounded below by the server's sleeps, above by slack.
-	if res.MedianTTFT < 29 || res.MedianTTFT > 300 {
+	if res.MedianTTFT < 29 || res.MedianTTFT > 2000 {
 		t.Errorf("median TTFT %.1f ms, server waits 30", res.MedianTTFT)
 	}
-	if res.MedianITL < 8 || res.MedianITL > 200 || res.MeanTPOT < 8 || res.MeanTPOT > 200 {
+	if res.MedianITL < 8 || res.MedianITL > 1000 || res.MeanTPOT < 8 || res.MeanTPOT > 1000 {
 		t.Errorf("ITL %.1f / TPOT %.1f ms, server gap 10", res.MedianITL, res.MeanTPOT)
 	}
 	if res.MeanE2EL < res.MeanTTFT+4*8 {
