@@ -11,8 +11,8 @@ import "math"
 //	q:  tile base = row0·cols; then [block][row in tile][block bytes]
 //	st: tile base = row0·nb·2; then [block][row in tile]{dx, c}
 //
-// For the implicit-offset kinds c = K·dx·Σq over the block (the weights'
-// offset K times the activation block sum); for packSM16 c = dx·Σq.
+// c = K·dx·Σq over the block: for the implicit-offset kinds K is the
+// weights' offset (128 or 8), for the S/M kinds 1.
 const actTile = 8
 
 type actBuf struct {
@@ -66,10 +66,7 @@ func quantizeActs(p *Pool, pk *packed, x []float32, batch, cols int, a *actBuf) 
 							sum += int32(v)
 						}
 						dx := rd[j/16]
-						c := dx * float32(sum)
-						if pk.kind != packSM16 {
-							c = pk.k * dx * float32(sum)
-						}
+						c := pk.k * dx * float32(sum)
 						st[(b*nt+n)*2] = dx
 						st[(b*nt+n)*2+1] = c
 					}

@@ -61,6 +61,8 @@ func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 		fns = &gemmQ8CFns
 	case packQ4C:
 		fns = &gemmQ4CFns
+	case packQ4SM:
+		fns = &gemmQ4SMFns
 	default:
 		fns = &gemmSM16_Fns
 	}

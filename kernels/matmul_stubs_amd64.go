@@ -83,6 +83,32 @@ func gemmSM16_8(w *byte, x *int8, st *float32, out *float32, nb int)
 var gemmSM16_Fns = [9]gemmKernel{nil, gemmSM16_1, gemmSM16_2, gemmSM16_3, gemmSM16_4, gemmSM16_5, gemmSM16_6, gemmSM16_7, gemmSM16_8}
 
 //go:noescape
+func gemmQ4SM1(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM2(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM3(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM4(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM5(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM6(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM7(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4SM8(w *byte, x *int8, st *float32, out *float32, nb int)
+
+var gemmQ4SMFns = [9]gemmKernel{nil, gemmQ4SM1, gemmQ4SM2, gemmQ4SM3, gemmQ4SM4, gemmQ4SM5, gemmQ4SM6, gemmQ4SM7, gemmQ4SM8}
+
+//go:noescape
 func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 //go:noescape

@@ -168,8 +168,10 @@ func TestQuantizeActsISA(t *testing.T) {
 	kinds := []*packed{
 		{kind: packQ8C, act: actQ8_0, block: 32, k: 128},
 		{kind: packQ4C, act: actQ8_0, block: 32, k: 8},
-		{kind: packSM16, act: actQ8_K, block: 16},
-		{kind: packSM16, act: actQ8_0, block: 16},
+		{kind: packSM16, act: actQ8_K, block: 16, k: 1},
+		{kind: packSM16, act: actQ8_0, block: 16, k: 1},
+		{kind: packQ4SM, act: actQ8_K, block: 32, k: 1},
+		{kind: packQ4SM, act: actQ8_0, block: 32, k: 1},
 	}
 	prev := ISA()
 	defer SetISA(prev)

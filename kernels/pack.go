@@ -21,6 +21,8 @@ import (
 //	packQ4C:  block 32: 4 chunks × 64 B, low nibble = column 4k+j, high
 //	          nibble = column 16+4k+j (Q4_0's own byte order), 16 f16 d.
 //	          w = d·(u − 8)
+//	packQ4SM: block 32: nibbles as packQ4C, then 16 f32 S and 16 f32 M.
+//	          w = S·u + M (Q4_K, Q4_1)
 //	packSM16: block 16: 4 chunks × 64 B (u8), then 16 f32 scales S and 16
 //	          f32 offsets M. w = S·u + M. Any block format fits (K-quants).
 type packKind uint8
@@ -30,6 +32,7 @@ const (
 	packQ8C
 	packQ4C
 	packSM16
+	packQ4SM
 )
 
 // actKind is how activations are quantized for a weight type: like ggml's
@@ -59,7 +62,7 @@ func (k packKind) tileBytes() int {
 		return 512 + 32
 	case packQ4C:
 		return 256 + 32
-	case packSM16:
+	case packSM16, packQ4SM:
 		return 256 + 128
 	}
 	return 0
@@ -75,10 +78,14 @@ func pack(p *Pool, m *Matrix) *packed {
 		pk = packed{kind: packQ8C, act: actQ8_0, block: 32, k: 128}
 	case quant.Q4_0:
 		pk = packed{kind: packQ4C, act: actQ8_0, block: 32, k: 8}
-	case quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.Q2_K, quant.Q3_K:
-		pk = packed{kind: packSM16, act: actQ8_K, block: 16}
-	case quant.Q4_1, quant.Q5_0, quant.Q5_1:
-		pk = packed{kind: packSM16, act: actQ8_0, block: 16}
+	case quant.Q4_K:
+		pk = packed{kind: packQ4SM, act: actQ8_K, block: 32, k: 1}
+	case quant.Q4_1:
+		pk = packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}
+	case quant.Q5_K, quant.Q6_K, quant.Q2_K, quant.Q3_K:
+		pk = packed{kind: packSM16, act: actQ8_K, block: 16, k: 1}
+	case quant.Q5_0, quant.Q5_1:
+		pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
 	default:
 		return noPack
 	}
@@ -91,7 +98,7 @@ func pack(p *Pool, m *Matrix) *packed {
 	pk.data = make([]byte, pk.groups*pk.groupBytes)
 	p.For(pk.groups, 4, func(lo, hi int) {
 		var dec *smRow
-		if pk.kind == packSM16 {
+		if pk.kind == packSM16 || pk.kind == packQ4SM {
 			dec = newSMRow(m.Cols)
 		}
 		for g := lo; g < hi; g++ {
@@ -110,6 +117,9 @@ func pack(p *Pool, m *Matrix) *packed {
 				case packSM16:
 					dec.decode(m.Type, src)
 					packRowSM16(dst, dec, r, pk.nb)
+				case packQ4SM:
+					dec.decode(m.Type, src)
+					packRowQ4SM(dst, dec, r, pk.nb)
 				}
 			}
 		}
@@ -149,6 +159,20 @@ func packRowSM16(dst []byte, d *smRow, r, nb int) {
 		}
 		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[b]))
 		binary.LittleEndian.PutUint32(t[320+4*r:], math.Float32bits(d.m[b]))
+	}
+}
+
+func packRowQ4SM(dst []byte, d *smRow, r, nb int) {
+	for b := 0; b < nb; b++ {
+		t := dst[b*384 : b*384+384]
+		q := d.q[32*b : 32*b+32]
+		for k := 0; k < 4; k++ {
+			for j := 0; j < 4; j++ {
+				t[k*64+r*4+j] = q[4*k+j] | q[16+4*k+j]<<4
+			}
+		}
+		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[2*b]))
+		binary.LittleEndian.PutUint32(t[320+4*r:], math.Float32bits(d.m[2*b]))
 	}
 }
 

@@ -109,11 +109,12 @@ q80done:
 	VZEROUPPER
 	RET
 
-// func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, ststride int)
+// func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, ststride int, blk32 bool)
 // Per 256 elements, as quantize_row_q8_K_ref: iscale = −127/max (max the
 // first element of largest magnitude), q = nearest_int(iscale·x), d =
-// 1/iscale; then per 16 elements writes 16 q bytes and {d, d·Σq}.
-TEXT ·quantQ8KAVX512(SB), NOSPLIT, $0-48
+// 1/iscale; then per 16 (or 32 with blk32) elements writes the q bytes and
+// {d, d·Σq}.
+TEXT ·quantQ8KAVX512(SB), NOSPLIT, $0-49
 	MOVQ x+0(FP), SI
 	MOVQ nsb+8(FP), CX
 	MOVQ q+16(FP), DI
@@ -157,6 +158,8 @@ q8kfound:
 	VDIVSS X3, X15, X4
 	VDIVSS X4, X13, X5
 	VBROADCASTSS X4, Z4
+	CMPB blk32+48(FP), $0
+	JNE q8k32
 	MOVQ $16, R10
 q8kblk:
 	VMULPS (SI), Z4, Z6
@@ -176,11 +179,43 @@ q8kblk:
 	DECQ CX
 	JNZ q8kloop
 	JMP q8kdone
+q8k32:
+	MOVQ $8, R10
+q8k32blk:
+	VMULPS (SI), Z4, Z6
+	VMULPS 64(SI), Z4, Z7
+	VCVTPS2DQ Z6, Z6
+	VCVTPS2DQ Z7, Z7
+	VPMOVSDB Z6, (DI)
+	VPMOVSDB Z7, 16(DI)
+	VPADDD Z7, Z6, Z10
+	HSUMD
+	VCVTDQ2PS X10, X10
+	VMULSS X10, X5, X10
+	VMOVSS X5, (DX)
+	VMOVSS X10, 4(DX)
+	ADDQ $128, SI
+	ADDQ R8, DI
+	ADDQ R9, DX
+	DECQ R10
+	JNZ q8k32blk
+	DECQ CX
+	JNZ q8kloop
+	JMP q8kdone
 q8kzero:
 	MOVQ $16, R10
 	VXORPS X6, X6, X6
+	CMPB blk32+48(FP), $0
+	JEQ q8kzblk
+	MOVQ $8, R10
 q8kzblk:
+	// 32-element slots: zero both halves and step over 128 bytes of x.
 	VMOVDQU X6, (DI)
+	CMPB blk32+48(FP), $0
+	JEQ q8kz16
+	VMOVDQU X6, 16(DI)
+	ADDQ $64, SI
+q8kz16:
 	VMOVSS X6, (DX)
 	VMOVSS X6, 4(DX)
 	ADDQ $64, SI
