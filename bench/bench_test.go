@@ -45,6 +45,7 @@ func TestComputeExact(t *testing.T) {
 	}
 	near(t, "duration", r.Duration, 2)
 	near(t, "request throughput", r.RequestThroughput, 1.5)
+	near(t, "input throughput", r.InputThroughput, 17.5)
 	near(t, "output throughput", r.OutputThroughput, 4)
 	near(t, "total throughput", r.TotalTokenThroughput, 21.5)
 	near(t, "peak output", r.PeakOutputThroughput, 5)
@@ -447,6 +448,7 @@ func TestRunExactArithmetic(t *testing.T) {
 	near(t, "mean e2el", res.MeanE2EL, 9)
 	near(t, "p99 e2el", res.P99E2EL, 9)
 	near(t, "request throughput", res.RequestThroughput, 3/0.046)
+	near(t, "input throughput", res.InputThroughput, 12/0.046)
 	near(t, "output throughput", res.OutputThroughput, 15/0.046)
 	near(t, "total throughput", res.TotalTokenThroughput, 27/0.046)
 	near(t, "peak output", res.PeakOutputThroughput, 15)

@@ -61,6 +61,7 @@ type Result struct {
 	TotalInput           int     `json:"total_input_tokens"`
 	TotalOutput          int     `json:"total_output_tokens"`
 	RequestThroughput    float64 `json:"request_throughput"`
+	InputThroughput      float64 `json:"input_throughput"`
 	OutputThroughput     float64 `json:"output_throughput"`
 	TotalTokenThroughput float64 `json:"total_token_throughput"`
 	PeakOutputThroughput float64 `json:"max_output_tokens_per_s"`
@@ -182,6 +183,7 @@ func Compute(outs []RequestOutput, duration time.Duration) *Result {
 	if duration > 0 {
 		sec := duration.Seconds()
 		r.RequestThroughput = float64(r.Completed) / sec
+		r.InputThroughput = float64(r.TotalInput) / sec
 		r.OutputThroughput = float64(r.TotalOutput) / sec
 		r.TotalTokenThroughput = float64(r.TotalInput+r.TotalOutput) / sec
 	}
@@ -227,7 +229,8 @@ func center(s string, n int, c byte) string {
 }
 
 // Print writes the result as vLLM's `bench serve` table (same labels and
-// widths, plus an End-to-end Latency section and the server metrics).
+// widths, plus input throughput, an End-to-end Latency section and the
+// server metrics).
 func (r *Result) Print(w io.Writer) {
 	row := func(label string, v any) {
 		var s string
@@ -252,6 +255,7 @@ func (r *Result) Print(w io.Writer) {
 	row("Total input tokens:", r.TotalInput)
 	row("Total generated tokens:", r.TotalOutput)
 	row("Request throughput (req/s):", r.RequestThroughput)
+	row("Input token throughput (tok/s):", r.InputThroughput)
 	row("Output token throughput (tok/s):", r.OutputThroughput)
 	row("Peak output token throughput (tok/s):", r.PeakOutputThroughput)
 	row("Peak concurrent requests:", float64(r.PeakConcurrent))
