@@ -1,0 +1,263 @@
+// Package generate runs one prompt through a model on a flat KV cache:
+// the single-user path behind `pagoda run` and `pagoda score`. The serving
+// engine (package engine) handles many users at once.
+package generate
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+
+	"pagoda/model"
+	"pagoda/sample"
+	"pagoda/tokenizer"
+)
+
+// Options for one generation.
+type Options struct {
+	MaxTokens   int // 0 = until the context is full
+	Sampling    sample.Params
+	StopStrings []string
+	StopTokens  []int32
+	IgnoreEOS   bool
+	TopLogprobs int // alternatives to report per token
+	// PrefillChunk bounds the tokens per forward pass during the prompt
+	// (0 = the whole prompt at once).
+	PrefillChunk int
+}
+
+// Token is one generated token as reported to the callback.
+type Token struct {
+	ID      int32
+	Text    string // UTF-8-safe text delta this token completes (may be "")
+	Logprob float32
+	Top     []sample.TokenLogprob
+}
+
+// Result summarises a generation.
+type Result struct {
+	Tokens       []int32
+	Text         string
+	FinishReason string // "stop" or "length"
+	PromptTokens int
+}
+
+// Generate continues prompt greedily or by sampling, calling emit for every
+// new token. A stop string ends generation and is cut from the text.
+func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prompt []int32, o Options, emit func(Token) error) (*Result, error) {
+	c := &m.Config
+	if len(prompt) == 0 {
+		return nil, errors.New("generate: empty prompt")
+	}
+	if len(prompt) >= c.ContextLen {
+		return nil, fmt.Errorf("generate: prompt of %d tokens does not fit the context of %d", len(prompt), c.ContextLen)
+	}
+	smp, err := sample.New(o.Sampling)
+	if err != nil {
+		return nil, err
+	}
+	maxNew := c.ContextLen - len(prompt)
+	if o.MaxTokens > 0 && o.MaxTokens < maxNew {
+		maxNew = o.MaxTokens
+	}
+	cache := model.NewFlatCache(c, 1, len(prompt)+maxNew)
+	logits, err := prefill(m, cache, prompt, o.PrefillChunk)
+	if err != nil {
+		return nil, err
+	}
+	history := append([]int32(nil), prompt...)
+	res := &Result{PromptTokens: len(prompt), FinishReason: "length"}
+	var stream *tokenizer.Stream
+	if tok != nil {
+		stream = tokenizer.NewStream(tok)
+	}
+	var text strings.Builder // emitted text
+	var held string          // text held back while it could begin a stop string
+	logp := make([]float32, len(logits))
+	for step := 0; step < maxNew; step++ {
+		if err := ctx.Err(); err != nil {
+			return res, err
+		}
+		var lp []float32
+		if o.TopLogprobs > 0 {
+			sample.LogSoftmax(logits, logp)
+			lp = logp
+		}
+		id := smp.Sample(logits, history)
+		history = append(history, id)
+		res.Tokens = append(res.Tokens, id)
+		eog := tok != nil && !o.IgnoreEOS && tok.Vocab().IsEOG(id)
+		for _, s := range o.StopTokens {
+			if s == id {
+				eog = true
+			}
+		}
+		t := Token{ID: id}
+		if lp != nil {
+			t.Logprob = lp[id]
+			t.Top = sample.TopLogprobs(lp, o.TopLogprobs)
+		}
+		if eog {
+			res.FinishReason = "stop"
+			t.Text = held
+			if stream != nil {
+				t.Text += stream.Flush()
+			}
+			text.WriteString(t.Text)
+			if err := emit(t); err != nil {
+				return res, err
+			}
+			break
+		}
+		if stream != nil {
+			held += stream.Add(id)
+		}
+		out, stop := splitStop(held, o.StopStrings)
+		t.Text = out
+		text.WriteString(out)
+		held = held[len(out):]
+		if stop {
+			res.FinishReason = "stop"
+			if err := emit(t); err != nil {
+				return res, err
+			}
+			held = ""
+			break
+		}
+		if err := emit(t); err != nil {
+			return res, err
+		}
+		if step+1 == maxNew {
+			break
+		}
+		pos := int32(len(history) - 1)
+		logits, err = m.Forward(&model.Batch{Tokens: []int32{id}, Pos: []int32{pos}, Seq: []int32{0}}, cache)
+		if err != nil {
+			return res, err
+		}
+	}
+	if res.FinishReason == "length" {
+		rest := held
+		if stream != nil {
+			rest += stream.Flush()
+		}
+		if rest != "" {
+			text.WriteString(rest)
+			if err := emit(Token{ID: -1, Text: rest}); err != nil {
+				return res, err
+			}
+		}
+	}
+	res.Text = text.String()
+	return res, nil
+}
+
+// splitStop returns the prefix of s that can be emitted now, and whether a
+// stop string was found (then the prefix ends right before it). Text that
+// could still grow into a stop string is held back.
+func splitStop(s string, stops []string) (string, bool) {
+	if len(stops) == 0 {
+		return s, false
+	}
+	first := -1
+	for _, st := range stops {
+		if st == "" {
+			continue
+		}
+		if i := strings.Index(s, st); i >= 0 && (first < 0 || i < first) {
+			first = i
+		}
+	}
+	if first >= 0 {
+		return s[:first], true
+	}
+	keep := 0
+	for _, st := range stops {
+		for k := min(len(st)-1, len(s)); k > keep; k-- {
+			if strings.HasSuffix(s, st[:k]) {
+				keep = k
+				break
+			}
+		}
+	}
+	return s[:len(s)-keep], false
+}
+
+func prefill(m *model.Model, cache model.KVCache, prompt []int32, chunk int) ([]float32, error) {
+	if chunk <= 0 {
+		chunk = len(prompt)
+	}
+	var logits []float32
+	for lo := 0; lo < len(prompt); lo += chunk {
+		hi := min(lo+chunk, len(prompt))
+		b := &model.Batch{Tokens: prompt[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
+		for i := range b.Pos {
+			b.Pos[i] = int32(lo + i)
+		}
+		var err error
+		logits, err = m.Forward(b, cache)
+		if err != nil {
+			return nil, err
+		}
+	}
+	return logits, nil
+}
+
+// Score evaluates tokens teacher-forced: Logprobs[i] is the log-probability
+// of tokens[i+1] given tokens[:i+1]. With keepLogits, Logits holds every
+// position's full row.
+type Score struct {
+	Logprobs   []float64
+	NLL        float64 // sum of −log p
+	Perplexity float64
+	Logits     [][]float32
+}
+
+// ScoreTokens runs tokens through m in one pass (chunked by chunk tokens).
+func ScoreTokens(m *model.Model, tokens []int32, keepLogits bool, chunk int) (*Score, error) {
+	c := &m.Config
+	if len(tokens) < 2 && !keepLogits {
+		return nil, errors.New("score: need at least two tokens")
+	}
+	if len(tokens) > c.ContextLen {
+		return nil, fmt.Errorf("score: %d tokens do not fit the context of %d", len(tokens), c.ContextLen)
+	}
+	if chunk <= 0 {
+		chunk = 512
+	}
+	cache := model.NewFlatCache(c, 1, len(tokens))
+	sc := &Score{}
+	lsm := make([]float32, c.VocabSize)
+	for lo := 0; lo < len(tokens); lo += chunk {
+		hi := min(lo+chunk, len(tokens))
+		n := hi - lo
+		b := &model.Batch{Tokens: tokens[lo:hi], Pos: make([]int32, n), Seq: make([]int32, n), Logits: make([]bool, n)}
+		for i := range b.Pos {
+			b.Pos[i] = int32(lo + i)
+			b.Logits[i] = true
+		}
+		logits, err := m.Forward(b, cache)
+		if err != nil {
+			return nil, err
+		}
+		for i := 0; i < n; i++ {
+			row := logits[i*c.VocabSize : (i+1)*c.VocabSize]
+			if keepLogits {
+				sc.Logits = append(sc.Logits, append([]float32(nil), row...))
+			}
+			p := lo + i
+			if p+1 < len(tokens) {
+				sample.LogSoftmax(row, lsm)
+				lp := float64(lsm[tokens[p+1]])
+				sc.Logprobs = append(sc.Logprobs, lp)
+				sc.NLL -= lp
+			}
+		}
+	}
+	if len(sc.Logprobs) > 0 {
+		sc.Perplexity = math.Exp(sc.NLL / float64(len(sc.Logprobs)))
+	}
+	return sc, nil
+}
