@@ -523,3 +523,50 @@ func VecDotQ6_KQ8_K(n int, w, a []byte) float32 {
 	}
 	return sumf
 }
+
+// QuantizeQ8_0X86 quantizes activations to Q8_0 the way llama.cpp's x86
+// build does (quantize_row_q8_0 for AVX/AVX2/AVX-512, the path behind its
+// CPU logits): it multiplies by 127/max rather than by 1/d, and rounds half
+// to even rather than away from zero, so a few levels differ from
+// QuantizeQ8_0 (the reference). Use it to follow llama.cpp's numbers.
+func QuantizeQ8_0X86(src []float32, dst []byte) {
+	mustRow(Q8_0, len(src), len(dst))
+	for i := 0; i < len(src); i += QK {
+		quantQ8X86(src[i:i+QK], dst[i/QK*sizeQ8_0:][:sizeQ8_0], false)
+	}
+}
+
+// QuantizeQ8_1X86 is QuantizeQ8_0X86 for Q8_1 (llama.cpp's x86
+// quantize_row_q8_1).
+func QuantizeQ8_1X86(src []float32, dst []byte) {
+	mustRow(Q8_1, len(src), len(dst))
+	for i := 0; i < len(src); i += QK {
+		quantQ8X86(src[i:i+QK], dst[i/QK*sizeQ8_1:][:sizeQ8_1], true)
+	}
+}
+
+func quantQ8X86(x []float32, y []byte, withSum bool) {
+	var amax float32
+	for _, v := range x[:32] {
+		amax = max(amax, abs32(v))
+	}
+	d := amax / 127
+	putF16(y, 0, d)
+	var id float32
+	if amax != 0 {
+		id = 127 / amax
+	}
+	qs := y[2:34]
+	if withSum {
+		qs = y[4:36]
+	}
+	var sum int32
+	for j := range qs {
+		q := clampInt(nearestInt(float32(x[j]*id)), -128, 127) // packs saturate
+		qs[j] = byte(int8(q))
+		sum += q
+	}
+	if withSum {
+		putF16(y, 2, float32(d*float32(sum)))
+	}
+}

@@ -219,3 +219,73 @@ func TestVecDotGolden(t *testing.T) {
 		}
 	}
 }
+
+// The x86 activation quantizers differ from the reference only in the
+// rounding of a level: never by more than one, and only rarely.
+func TestQuantizeX86(t *testing.T) {
+	rng := rand.New(rand.NewPCG(21, 22))
+	x := randNormal(rng, 32*512, 1)
+	clear(x[:32])
+	// Exact ties for the reference: with max 127 the scale is 1.
+	for j := 32; j < 64; j++ {
+		x[j] = float32(j-48) + 0.5
+	}
+	x[63] = 127
+	ref := make([]byte, 512*sizeQ8_0)
+	x86 := make([]byte, 512*sizeQ8_0)
+	QuantizeQ8_0(x, ref)
+	QuantizeQ8_0X86(x, x86)
+	diff := 0
+	for b := 0; b < 512; b++ {
+		r, g := ref[b*sizeQ8_0:][:sizeQ8_0], x86[b*sizeQ8_0:][:sizeQ8_0]
+		if r[0] != g[0] || r[1] != g[1] {
+			t.Fatalf("block %d: scales differ", b)
+		}
+		for j := 2; j < 34; j++ {
+			if d := int(int8(r[j])) - int(int8(g[j])); d != 0 {
+				if d > 1 || d < -1 {
+					t.Fatalf("block %d level %d: %d vs %d", b, j-2, int8(r[j]), int8(g[j]))
+				}
+				diff++
+			}
+		}
+	}
+	// Block 1 holds the ties k+0.5: away from zero vs to even.
+	for j := 0; j < 31; j++ {
+		v := float64(j-16) + 0.5
+		if got, want := int8(x86[sizeQ8_0+2+j]), int8(math.RoundToEven(v)); got != want {
+			t.Errorf("tie %v: x86 level %d, want %d", v, got, want)
+		}
+		if got, want := int8(ref[sizeQ8_0+2+j]), int8(math.Round(v)); got != want {
+			t.Errorf("tie %v: reference level %d, want %d", v, got, want)
+		}
+	}
+	if diff == 0 || diff > 32*512/20 {
+		t.Errorf("%d of %d levels differ between the x86 and reference quantizers", diff, 32*512)
+	}
+	// Q8_1: the same levels, and s from them.
+	q1 := make([]byte, 512*sizeQ8_1)
+	QuantizeQ8_1X86(x, q1)
+	for b := 0; b < 512; b++ {
+		blk := q1[b*sizeQ8_1:][:sizeQ8_1]
+		if !bytes.Equal(blk[4:36], x86[b*sizeQ8_0+2:][:32]) {
+			t.Fatalf("block %d: Q8_1 levels differ from Q8_0", b)
+		}
+		var s int32
+		for _, v := range blk[4:36] {
+			s += int32(int8(v))
+		}
+		d := maxAbs(x[b*32:b*32+32]) / 127 // s uses d before its f16 rounding
+		if got, want := f16At(blk, 2), F16ToF32(F32ToF16(d*float32(s))); got != want {
+			t.Fatalf("block %d: s = %v, want %v", b, got, want)
+		}
+	}
+}
+
+func maxAbs(x []float32) float32 {
+	var m float32
+	for _, v := range x {
+		m = max(m, abs32(v))
+	}
+	return m
+}
