@@ -14,7 +14,7 @@ var isaNames = []string{"generic"}
 // activeISA is the instruction set the dispatch variables point at.
 var activeISA = "generic"
 
-// ISA reports the instruction set in use ("avx512", "avx2" or "generic").
+// ISA reports the instruction set in use ("avx512" or "generic").
 func ISA() string { return activeISA }
 
 // ISAs lists the instruction sets usable on this CPU, best first.
@@ -42,6 +42,9 @@ func SetISA(name string) error {
 // setGeneric points every dispatch variable at its reference.
 func setGeneric() {
 	matMul = MatMulRef
+	rmsNorm = RMSNormRef
+	softmax = SoftmaxRef
+	siluMul = SiLUMulRef
 	dotF32 = DotF32Ref
 	axpyF32 = AxpyF32Ref
 	scaleF32 = ScaleF32Ref

@@ -16,9 +16,6 @@ func init() {
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI {
 		isaNames = append([]string{"avx512"}, isaNames...)
 	}
-	if cpu.X86.HasAVX2 && cpu.X86.HasFMA {
-		isaNames = append(isaNames[:len(isaNames)-1], "avx2", "generic")
-	}
 	SetISA(isaNames[0])
 }
 
@@ -33,8 +30,7 @@ func setSIMD(name string) {
 		packedOn = true
 		matMul = matMulAVX512
 		setFloatAVX512()
-	case "avx2":
-		setFloatAVX2()
+		setOpsAVX512()
 	}
 }
 

@@ -33,7 +33,22 @@ func MatMulRef(p *Pool, w *Matrix, x, out []float32, batch int) {
 func DotF32(a, b []float32) float32 { return dotF32(a, b) }
 
 // RMSNorm writes x / sqrt(mean(x²)+eps) * w into out (w may be nil).
-func RMSNorm(out, x, w []float32, eps float32) {
+func RMSNorm(out, x, w []float32, eps float32) { rmsNorm(out, x, w, eps) }
+
+// Softmax normalises x in place.
+func Softmax(x []float32) { softmax(x) }
+
+// SiLUMul writes silu(g)·u into out (out may alias g or u).
+func SiLUMul(out, g, u []float32) { siluMul(out, g, u) }
+
+var (
+	rmsNorm = RMSNormRef
+	softmax = SoftmaxRef
+	siluMul = SiLUMulRef
+)
+
+// RMSNormRef is the reference RMSNorm, summing squares in float64.
+func RMSNormRef(out, x, w []float32, eps float32) {
 	var ss float64
 	for _, v := range x {
 		ss += float64(v) * float64(v)
@@ -50,8 +65,8 @@ func RMSNorm(out, x, w []float32, eps float32) {
 	}
 }
 
-// Softmax normalises x in place.
-func Softmax(x []float32) {
+// SoftmaxRef is the reference Softmax.
+func SoftmaxRef(x []float32) {
 	if len(x) == 0 {
 		return
 	}
@@ -73,8 +88,8 @@ func Softmax(x []float32) {
 	}
 }
 
-// SiLUMul writes silu(g)·u into out.
-func SiLUMul(out, g, u []float32) {
+// SiLUMulRef is the reference SiLUMul.
+func SiLUMulRef(out, g, u []float32) {
 	for i, v := range g {
 		out[i] = v / (1 + float32(math.Exp(float64(-v)))) * u[i]
 	}

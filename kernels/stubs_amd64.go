@@ -1,5 +1,0 @@
-//go:build amd64 && !purego
-
-package kernels
-
-func setFloatAVX2() {}
