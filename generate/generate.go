@@ -98,6 +98,10 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 		if lp != nil {
 			t.Logprob = lp[id]
 			t.Top = sample.TopLogprobs(lp, o.TopLogprobs)
+			for i := range t.Top {
+				// The same numbers as Logprob, not a second log-softmax.
+				t.Top[i].Logprob = lp[t.Top[i].ID]
+			}
 		}
 		if eog {
 			res.FinishReason = "stop"

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+
+	"pagoda/model"
+	"pagoda/speed"
+)
+
+func init() {
+	register("bench", "llama-bench style throughput: prompt processing (pp) and generation (tg); 'bench serve' load-tests a server", runBench)
+}
+
+func intList(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		f = strings.TrimSpace(f)
+		if f == "" {
+			continue
+		}
+		v, err := strconv.Atoi(f)
+		if err != nil || v < 0 {
+			return nil, fmt.Errorf("bad count %q", f)
+		}
+		out = append(out, v)
+	}
+	return out, nil
+}
+
+func runBench(args []string) error {
+	if len(args) > 0 && args[0] == "serve" {
+		return runBenchServe(args[1:])
+	}
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	modelPath := fs.String("m", "", "model file")
+	pp := fs.String("p", "512", "prompt lengths to test, comma separated (0 = skip)")
+	tg := fs.String("n", "128", "generation lengths to test, comma separated (0 = skip)")
+	reps := fs.Int("r", 5, "repetitions")
+	threads := fs.Int("t", 0, "threads (0 = number of CPUs)")
+	batch := fs.Int("b", 512, "tokens per forward pass during pp")
+	jsonOut := fs.Bool("json", false, "JSON output")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *modelPath == "" {
+		return fmt.Errorf("-m MODEL is required (pagoda synth makes benchmark models)")
+	}
+	pps, err := intList(*pp)
+	if err != nil {
+		return err
+	}
+	tgs, err := intList(*tg)
+	if err != nil {
+		return err
+	}
+	var tests []speed.Test
+	for _, n := range pps {
+		if n > 0 {
+			tests = append(tests, speed.Test{Kind: "pp", N: n})
+		}
+	}
+	for _, n := range tgs {
+		if n > 0 {
+			tests = append(tests, speed.Test{Kind: "tg", N: n})
+		}
+	}
+	maxN := 0
+	for _, t := range tests {
+		maxN = max(maxN, t.N)
+	}
+	m, err := model.Open(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN, 0)})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	var rs []*speed.Result
+	for _, t := range tests {
+		r, err := speed.Run(m, t, *reps, *batch)
+		if err != nil {
+			return err
+		}
+		r.Model = filepath.Base(*modelPath)
+		rs = append(rs, r)
+		if !*jsonOut {
+			fmt.Fprintf(os.Stderr, "%s: %.2f ± %.2f t/s\n", t, r.Mean, r.Stddev)
+		}
+	}
+	if *jsonOut {
+		enc := json.NewEncoder(os.Stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(rs)
+	}
+	speed.PrintTable(os.Stdout, rs)
+	return nil
+}

@@ -1,0 +1,52 @@
+// Command pagoda is the Pagoda inference engine's command line.
+package main
+
+import (
+	"fmt"
+	"os"
+	"sort"
+)
+
+type command struct {
+	run   func(args []string) error
+	brief string
+}
+
+var commands = map[string]command{}
+
+func register(name, brief string, run func([]string) error) {
+	commands[name] = command{run, brief}
+}
+
+func usage() {
+	fmt.Fprintln(os.Stderr, "usage: pagoda <command> [flags]\n\ncommands:")
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(os.Stderr, "  %-10s %s\n", n, commands[n].brief)
+	}
+	fmt.Fprintln(os.Stderr, "\nRun 'pagoda <command> -h' for a command's flags.")
+}
+
+func main() {
+	if len(os.Args) < 2 || os.Args[1] == "-h" || os.Args[1] == "--help" || os.Args[1] == "help" {
+		usage()
+		if len(os.Args) < 2 {
+			os.Exit(2)
+		}
+		return
+	}
+	c, ok := commands[os.Args[1]]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "pagoda: unknown command %q\n", os.Args[1])
+		usage()
+		os.Exit(2)
+	}
+	if err := c.run(os.Args[2:]); err != nil {
+		fmt.Fprintf(os.Stderr, "pagoda %s: %v\n", os.Args[1], err)
+		os.Exit(1)
+	}
+}

@@ -1,0 +1,267 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+
+	"pagoda/generate"
+	"pagoda/jinja"
+	"pagoda/model"
+	"pagoda/quant"
+	"pagoda/sample"
+	"pagoda/synth"
+	"pagoda/tokenizer"
+)
+
+func init() {
+	register("run", "generate text from a prompt (or chat interactively)", runRun)
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }
+
+// samplingFlags are shared by run and other commands that sample.
+type samplingFlags struct {
+	temp, topP, minP, repeat, freq, presence float64
+	topK, lastN                              int
+	seed                                     int64
+}
+
+func (f *samplingFlags) register(fs *flag.FlagSet) {
+	fs.Float64Var(&f.temp, "temp", 0, "temperature (0 = greedy)")
+	fs.IntVar(&f.topK, "top-k", 0, "top-k filter (0 = off)")
+	fs.Float64Var(&f.topP, "top-p", 1, "top-p (nucleus) filter (1 = off)")
+	fs.Float64Var(&f.minP, "min-p", 0, "min-p filter (0 = off)")
+	fs.Float64Var(&f.repeat, "repeat-penalty", 1, "repetition penalty (1 = off)")
+	fs.Float64Var(&f.freq, "frequency-penalty", 0, "frequency penalty")
+	fs.Float64Var(&f.presence, "presence-penalty", 0, "presence penalty")
+	fs.IntVar(&f.lastN, "penalty-last-n", 64, "tokens the penalties look back over (0 = all)")
+	fs.Int64Var(&f.seed, "seed", -1, "random seed (-1 = from the clock)")
+}
+
+func (f *samplingFlags) params() sample.Params {
+	p := sample.Params{
+		Temperature: float32(f.temp), TopK: f.topK, TopP: float32(f.topP), MinP: float32(f.minP),
+		RepetitionPenalty: float32(f.repeat), FrequencyPenalty: float32(f.freq), PresencePenalty: float32(f.presence),
+		PenaltyLastN: f.lastN,
+	}
+	if f.seed >= 0 {
+		p.Seed, p.HasSeed = uint64(f.seed), true
+	}
+	return p
+}
+
+// defaultModel makes (once) the small synthetic model that lets `pagoda
+// run` work on a fresh machine with nothing downloaded.
+func defaultModel() (string, error) {
+	dir, err := os.UserCacheDir()
+	if err != nil {
+		dir = os.TempDir()
+	}
+	path := filepath.Join(dir, "pagoda", "tiny-synth-q8_0.gguf")
+	if _, err := os.Stat(path); err == nil {
+		return path, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return "", err
+	}
+	shape, err := synth.Preset("tiny")
+	if err != nil {
+		return "", err
+	}
+	fmt.Fprintf(os.Stderr, "pagoda: no -m given; writing a small synthetic model (random weights) to %s\n", path)
+	tmp := path + ".tmp"
+	if err := synth.Write(tmp, synth.Options{Shape: shape, Type: quant.Q8_0, Seed: 1}); err != nil {
+		return "", err
+	}
+	return path, os.Rename(tmp, path)
+}
+
+func runRun(args []string) error {
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: a small synthetic model)")
+	prompt := fs.String("p", "", "prompt (none with --chat: interactive chat)")
+	tokPath := fs.String("tokenizer", "", "tokenizer file (GGUF, tokenizer.json, llama2.c tokenizer.bin) overriding the model's")
+	chat := fs.Bool("chat", false, "apply the model's chat template; interactive multi-turn chat when -p is empty")
+	system := fs.String("system", "", "system prompt for --chat")
+	maxTokens := fs.Int("n", 256, "maximum tokens to generate (0 = until the context is full)")
+	jsonOut := fs.Bool("json", false, "print one JSON object per generated token (id, text, logprob, top logprobs)")
+	topLP := fs.Int("top-logprobs", 0, "alternatives per token in --json output")
+	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
+	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
+	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-generation tokens")
+	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
+	var stops stringList
+	fs.Var(&stops, "stop", "stop string (repeatable)")
+	var sf samplingFlags
+	sf.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q (the prompt goes in -p)", fs.Args())
+	}
+	path := *modelPath
+	if path == "" {
+		var err error
+		if path, err = defaultModel(); err != nil {
+			return err
+		}
+	}
+	m, err := model.Open(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tok := m.Tokenizer()
+	if tok == nil {
+		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", path)
+	}
+	opts := generate.Options{MaxTokens: *maxTokens, Sampling: sf.params(), StopStrings: stops,
+		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP}
+	if _, err := sample.New(opts.Sampling); err != nil {
+		return err
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	out := bufio.NewWriter(os.Stdout)
+	defer out.Flush()
+
+	if !*chat {
+		ids := tok.Encode(*prompt, tokenizer.Options{AddSpecial: true, ParseSpecial: true})
+		if len(ids) == 0 {
+			return fmt.Errorf("the prompt is empty and the vocabulary adds no BOS token; give -p")
+		}
+		_, err := runOnce(ctx, m, tok, ids, opts, out, *jsonOut, *prompt)
+		return err
+	}
+	var msgs []jinja.Message
+	if *system != "" {
+		msgs = append(msgs, jinja.Message{Role: "system", Content: *system})
+	}
+	if *prompt != "" {
+		msgs = append(msgs, jinja.Message{Role: "user", Content: *prompt})
+		ids, err := chatTokens(tok, msgs)
+		if err != nil {
+			return err
+		}
+		_, err = runOnce(ctx, m, tok, ids, opts, out, *jsonOut, "")
+		return err
+	}
+	in := bufio.NewScanner(os.Stdin)
+	in.Buffer(make([]byte, 1<<20), 1<<24)
+	for {
+		fmt.Fprint(out, "\n> ")
+		out.Flush()
+		if !in.Scan() {
+			fmt.Fprintln(out)
+			return in.Err()
+		}
+		line := strings.TrimSpace(in.Text())
+		if line == "" {
+			continue
+		}
+		msgs = append(msgs, jinja.Message{Role: "user", Content: line})
+		ids, err := chatTokens(tok, msgs)
+		if err != nil {
+			return err
+		}
+		res, err := runOnce(ctx, m, tok, ids, opts, out, *jsonOut, "")
+		if err != nil {
+			return err
+		}
+		msgs = append(msgs, jinja.Message{Role: "assistant", Content: res.Text})
+	}
+}
+
+func chatTokens(tok tokenizer.Tokenizer, msgs []jinja.Message) ([]int32, error) {
+	v := tok.Vocab()
+	text, err := renderChat(v, msgs, true)
+	if err != nil {
+		return nil, err
+	}
+	return tok.Encode(text, tokenizer.Options{AddSpecial: false, ParseSpecial: true}), nil
+}
+
+// renderChat applies the vocabulary's chat template; without one it falls
+// back to plain "role: content" lines, which any base model can continue.
+func renderChat(v *tokenizer.Vocab, msgs []jinja.Message, addGen bool) (string, error) {
+	tokText := func(id int32) string {
+		if id >= 0 && int(id) < len(v.Tokens) {
+			return v.Tokens[id]
+		}
+		return ""
+	}
+	if v.ChatTemplate == "" {
+		var b strings.Builder
+		if v.BOS >= 0 && v.AddBOS {
+			b.WriteString(tokText(v.BOS))
+		}
+		for _, m := range msgs {
+			fmt.Fprintf(&b, "%s: %s\n", m.Role, m.Content)
+		}
+		if addGen {
+			b.WriteString("assistant:")
+		}
+		return b.String(), nil
+	}
+	return jinja.RenderChat(v.ChatTemplate, msgs, jinja.ChatOptions{AddGenerationPrompt: addGen, BOSToken: tokText(v.BOS), EOSToken: tokText(v.EOS)})
+}
+
+type jsonToken struct {
+	ID      int32        `json:"id"`
+	Text    string       `json:"text"`
+	Logprob *float32     `json:"logprob,omitempty"`
+	Top     []jsonTopAlt `json:"top_logprobs,omitempty"`
+}
+
+type jsonTopAlt struct {
+	ID      int32   `json:"id"`
+	Text    string  `json:"text"`
+	Logprob float32 `json:"logprob"`
+}
+
+func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, ids []int32, o generate.Options, out *bufio.Writer, jsonOut bool, echo string) (*generate.Result, error) {
+	enc := json.NewEncoder(out)
+	if !jsonOut {
+		fmt.Fprint(out, echo)
+		out.Flush()
+	}
+	res, err := generate.Generate(ctx, m, tok, ids, o, func(t generate.Token) error {
+		if jsonOut {
+			if t.ID < 0 {
+				return nil
+			}
+			jt := jsonToken{ID: t.ID, Text: string(tok.TokenBytes(t.ID))}
+			if o.TopLogprobs > 0 {
+				lp := t.Logprob
+				jt.Logprob = &lp
+				for _, a := range t.Top {
+					jt.Top = append(jt.Top, jsonTopAlt{a.ID, string(tok.TokenBytes(a.ID)), a.Logprob})
+				}
+			}
+			return enc.Encode(jt)
+		}
+		_, err := io.WriteString(out, t.Text)
+		out.Flush()
+		return err
+	})
+	if !jsonOut {
+		fmt.Fprintln(out)
+	}
+	if err == context.Canceled {
+		return res, nil
+	}
+	return res, err
+}

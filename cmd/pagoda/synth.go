@@ -1,0 +1,78 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"strings"
+
+	"pagoda/quant"
+	"pagoda/synth"
+)
+
+func init() {
+	register("synth", "write a GGUF with a real architecture's shape and random weights (for tests and benchmarks)", runSynth)
+}
+
+func runSynth(args []string) error {
+	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
+	preset := fs.String("preset", "tiny", "shape preset: "+strings.Join(synth.Presets(), ", "))
+	typ := fs.String("type", "F32", "tensor type of the 2-D weights (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K … Q6_K)")
+	outType := fs.String("output-type", "", "tensor type of the output matrix (default: -type)")
+	seed := fs.Int64("seed", 1, "random seed")
+	std := fs.Float64("std", 0.02, "standard deviation of the weights")
+	vocab := fs.String("vocab-from", "", "copy the vocabulary of this GGUF or llama2.c tokenizer.bin")
+	out := fs.String("o", "", "output file (required)")
+	arch := fs.String("arch", "", "override: architecture (llama, qwen2, qwen3)")
+	layers := fs.Int("layers", 0, "override: layers")
+	dim := fs.Int("dim", 0, "override: embedding size")
+	heads := fs.Int("heads", 0, "override: attention heads")
+	kvHeads := fs.Int("kv-heads", 0, "override: KV heads")
+	headDim := fs.Int("head-dim", 0, "override: head dimension")
+	ffn := fs.Int("ffn", 0, "override: feed-forward size")
+	nVocab := fs.Int("vocab", 0, "override: vocabulary size")
+	ctx := fs.Int("ctx", 0, "override: context length")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *out == "" {
+		return fmt.Errorf("-o FILE is required")
+	}
+	shape, err := synth.Preset(*preset)
+	if err != nil {
+		return err
+	}
+	for _, o := range []struct {
+		v   int
+		dst *int
+	}{{*layers, &shape.Layers}, {*dim, &shape.Dim}, {*heads, &shape.Heads}, {*kvHeads, &shape.KVHeads},
+		{*headDim, &shape.HeadDim}, {*ffn, &shape.FFN}, {*nVocab, &shape.Vocab}, {*ctx, &shape.Context}} {
+		if o.v < 0 {
+			return fmt.Errorf("shape overrides must be positive")
+		}
+		if o.v > 0 {
+			*o.dst = o.v
+		}
+	}
+	if *arch != "" {
+		shape.Arch = *arch
+	}
+	o := synth.Options{Shape: shape, Seed: *seed, Std: float32(*std), VocabFrom: *vocab}
+	if o.Type, err = quant.ParseType(*typ); err != nil {
+		return err
+	}
+	if *outType != "" {
+		if o.OutputType, err = quant.ParseType(*outType); err != nil {
+			return err
+		}
+	}
+	if err := synth.Write(*out, o); err != nil {
+		return err
+	}
+	st, err := os.Stat(*out)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(os.Stderr, "wrote %s: %s %s, %.1f M parameters, %.1f MB\n", *out, *preset, *typ, float64(shape.Params())/1e6, float64(st.Size())/1e6)
+	return nil
+}
