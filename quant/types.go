@@ -1,5 +1,14 @@
 // Package quant holds the ggml tensor types: their block layouts,
 // dequantization, reference dot products and quantizers.
+//
+// Dequantize and Quantize cover F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1,
+// Q8_0, Q8_1, Q2_K … Q6_K, Q8_K, IQ4_NL, IQ4_XS and MXFP4. They follow
+// ggml's C expression by expression: Dequantize is bit-identical to ggml's
+// to_float, and Quantize reproduces llama-quantize's bytes (checked block
+// for block against the golden GGUF files). The VecDot* functions are
+// ggml's generic integer dot products against 8-bit activations
+// (QuantizeActivations / QuantizeQ8_0 / QuantizeQ8_K), in ggml's order of
+// float32 operations, as the reference for SIMD kernels.
 package quant
 
 import "fmt"
