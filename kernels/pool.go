@@ -18,6 +18,8 @@ type Pool struct {
 	workers []*worker
 	mu      sync.Mutex // one For at a time; nested or concurrent calls run inline
 	pending atomic.Int32
+	waiting atomic.Int32  // 1 while the caller is blocked on done
+	done    chan struct{} // wakes a blocked caller
 	closed  atomic.Bool
 	spin    time.Duration
 	wg      sync.WaitGroup
@@ -41,7 +43,7 @@ func NewPool(n int) *Pool {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
-	p := &Pool{n: n, spin: 200 * time.Microsecond}
+	p := &Pool{n: n, spin: 100 * time.Microsecond, done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
 		w := &worker{wake: make(chan struct{}, 1)}
 		p.workers = append(p.workers, w)
@@ -76,7 +78,12 @@ func (p *Pool) run(w *worker) {
 		last = w.seq.Load()
 		w.fn(w.lo, w.hi)
 		w.fn = nil
-		p.pending.Add(-1)
+		if p.pending.Add(-1) == 0 && p.waiting.Load() == 1 {
+			select {
+			case p.done <- struct{}{}:
+			default:
+			}
+		}
 	}
 }
 
@@ -129,12 +136,24 @@ func (p *Pool) For(n, grain int, fn func(lo, hi int)) {
 		}
 	}
 	fn(0, min(chunk, n))
+	// Spin briefly for the others, then block so that, when the machine
+	// has fewer free CPUs than threads, the OS can run the workers on this
+	// CPU instead of watching the caller spin. A stale token on done only
+	// costs one more trip around the loop.
+	if p.pending.Load() == 0 {
+		return
+	}
+	deadline := time.Now().Add(p.spin / 4)
 	for spins := 0; p.pending.Load() != 0; spins++ {
-		if spins < 1<<12 {
-			spinPause()
-		} else {
-			runtime.Gosched()
+		if spins&15 == 15 && time.Now().After(deadline) {
+			p.waiting.Store(1)
+			for p.pending.Load() != 0 {
+				<-p.done
+			}
+			p.waiting.Store(0)
+			return
 		}
+		spinPause()
 	}
 }
 
