@@ -74,7 +74,9 @@ func dequantMXFP4(b []byte, y []float32) {
 }
 
 // bestIndexInt8 is ggml's best_index_int8: the index of the codebook entry
-// nearest x (val sorted ascending), the upper one on ties.
+// nearest x (val sorted ascending), the upper one on ties. ggml bisects for
+// the first entry above x; counting the entries at or below x finds the
+// same one without the unpredictable branches.
 func bestIndexInt8(val *[16]int8, x float32) int {
 	if x <= float32(val[0]) {
 		return 0
@@ -82,13 +84,10 @@ func bestIndexInt8(val *[16]int8, x float32) int {
 	if x >= float32(val[15]) {
 		return 15
 	}
-	ml, mu := 0, 15
-	for mu-ml > 1 {
-		mav := (ml + mu) / 2
-		if x < float32(val[mav]) {
-			mu = mav
-		} else {
-			ml = mav
+	mu := 0
+	for _, v := range val[:15] {
+		if float32(v) <= x {
+			mu++
 		}
 	}
 	if x-float32(val[mu-1]) < float32(val[mu])-x {

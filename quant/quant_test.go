@@ -314,3 +314,42 @@ func TestRoundf(t *testing.T) {
 		}
 	}
 }
+
+// bestIndexBisect is ggml's best_index_int8 as written there.
+func bestIndexBisect(val *[16]int8, x float32) int {
+	if x <= float32(val[0]) {
+		return 0
+	}
+	if x >= float32(val[15]) {
+		return 15
+	}
+	ml, mu := 0, 15
+	for mu-ml > 1 {
+		mav := (ml + mu) / 2
+		if x < float32(val[mav]) {
+			mu = mav
+		} else {
+			ml = mav
+		}
+	}
+	if x-float32(val[mu-1]) < float32(val[mu])-x {
+		return mu - 1
+	}
+	return mu
+}
+
+func TestBestIndexInt8(t *testing.T) {
+	rng := rand.New(rand.NewPCG(23, 24))
+	var xs []float32
+	for i := -130; i <= 130; i++ {
+		xs = append(xs, float32(i), float32(i)+0.5, math.Nextafter32(float32(i)+0.5, 200), math.Nextafter32(float32(i)+0.5, -200))
+	}
+	for i := 0; i < 200000; i++ {
+		xs = append(xs, float32(rng.Float64()*280-140))
+	}
+	for _, x := range xs {
+		if got, want := bestIndexInt8(&kvaluesIQ4NL, x), bestIndexBisect(&kvaluesIQ4NL, x); got != want {
+			t.Fatalf("x = %v: %d, bisection gives %d", x, got, want)
+		}
+	}
+}
