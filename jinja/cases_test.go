@@ -19,6 +19,12 @@ func TestRandomWhitespaceAgainstJinja2(t *testing.T) {
 	runCaseFile(t, "testdata/random_ws.json", 500)
 }
 
+// TestRandomStatementsAgainstJinja2 covers scoping and loop state on random
+// nested statements (testdata/gen_random_stmt.py).
+func TestRandomStatementsAgainstJinja2(t *testing.T) {
+	runCaseFile(t, "testdata/random_stmt.json", 300)
+}
+
 func runCaseFile(t *testing.T, path string, minCases int) {
 	data, err := os.ReadFile(path)
 	if err != nil {

@@ -217,7 +217,8 @@ func (s *state) exec(n node, f *frame) (loopCtl, error) {
 		}
 		return ctlNone, s.assign(n.target, v, f, n.pos)
 	case *setBlockNode:
-		str, err := s.capture(n.body, f)
+		// Like Jinja, assignments inside the block stay inside it.
+		str, err := s.capture(n.body, &frame{vars: map[string]any{}, parent: f})
 		if err != nil {
 			return ctlNone, err
 		}
@@ -241,7 +242,7 @@ func (s *state) exec(n node, f *frame) (loopCtl, error) {
 		}
 		return ctlNone, s.write(toStr(v))
 	case *filterBlockNode:
-		str, err := s.capture(n.body, f)
+		str, err := s.capture(n.body, &frame{vars: map[string]any{}, parent: f})
 		if err != nil {
 			return ctlNone, err
 		}

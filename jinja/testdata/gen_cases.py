@@ -80,6 +80,7 @@ CASES = [
     "{% set up | upper %}shout {{ name }}{% endset %}{{ up }}",
     "{% set ns = namespace(items=[]) %}{% for i in items %}{% set ns.items = ns.items + [i * 2] %}{% endfor %}{{ ns.items }}",
     "{% with a = 1, b = 2 %}{{ a + b }}{% endwith %}[{{ a }}]",
+    "{% set blk %}{% set x = 1 %}{% endset %}[{{ x }}]{% filter upper %}{% set y = 1 %}{% endfilter %}[{{ y }}]{% if true %}{% set z = 1 %}{% endif %}[{{ z }}]",
     # macros / call / filter block
     "{% macro greet(who, greeting='Hello') %}{{ greeting }}, {{ who }}!{% endmacro %}{{ greet('Ann') }} {{ greet('Bob', greeting='Hi') }} {{ greet(who='Cy', greeting='Yo') }}",
     "{% macro m(a) %}{{ a }}|{{ varargs }}|{{ kwargs }}{% endmacro %}{{ m(1, 2, 3, k=4) }}",
