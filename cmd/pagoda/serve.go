@@ -1,0 +1,171 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"log"
+	"net"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"pagoda/engine"
+	"pagoda/kvcache"
+	"pagoda/model"
+	"pagoda/server"
+)
+
+func init() {
+	register("serve", "serve a model over an OpenAI-compatible HTTP API", runServe)
+}
+
+// parseBytes reads "512MiB", "2GB", "1.5GiB" or a plain byte count.
+func parseBytes(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	units := []struct {
+		suffix string
+		mult   float64
+	}{{"TiB", 1 << 40}, {"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}, {"TB", 1e12}, {"GB", 1e9}, {"MB", 1e6}, {"KB", 1e3}, {"B", 1}}
+	mult := 1.0
+	for _, u := range units {
+		if strings.HasSuffix(strings.ToUpper(s), strings.ToUpper(u.suffix)) {
+			s, mult = strings.TrimSpace(s[:len(s)-len(u.suffix)]), u.mult
+			break
+		}
+	}
+	v, err := strconv.ParseFloat(s, 64)
+	if err != nil || v < 0 || v*mult > 1<<50 {
+		return 0, fmt.Errorf("bad size %q", s)
+	}
+	return int64(v * mult), nil
+}
+
+// memAvailable is MemAvailable from /proc/meminfo (0 when unknown).
+func memAvailable() int64 {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
+			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
+			return kb * 1024
+		}
+	}
+	return 0
+}
+
+func runServe(args []string) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory")
+	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
+	name := fs.String("served-model-name", "", "model name in the API (default: the file name)")
+	host := fs.String("host", "127.0.0.1", "listen address")
+	port := fs.Int("port", 8000, "listen port")
+	apiKey := fs.String("api-key", "", "require this bearer token on /v1/* (default $PAGODA_API_KEY)")
+	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
+	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
+	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM)")
+	kvFrac := fs.Float64("kv-cache-fraction", 0.25, "fraction of available RAM for the KV cache when --kv-cache-memory is not set")
+	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32")
+	blockSize := fs.Int("block-size", 16, "tokens per KV block")
+	maxTokens := fs.Int("max-num-batched-tokens", 512, "token budget of one engine step")
+	maxSeqs := fs.Int("max-num-seqs", 64, "sequences in one engine step")
+	maxWaiting := fs.Int("max-waiting", 1024, "queued requests before 429")
+	static := fs.Bool("static-batching", false, "static batching baseline (a batch starts and finishes together)")
+	noPrefix := fs.Bool("no-prefix-cache", false, "disable prefix caching")
+	chatTmpl := fs.String("chat-template", "", "file with a Jinja chat template overriding the model's")
+	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if *modelPath == "" {
+		return fmt.Errorf("-m MODEL is required")
+	}
+	if *apiKey == "" {
+		*apiKey = os.Getenv("PAGODA_API_KEY")
+	}
+	dt, err := kvcache.ParseDType(*kvDType)
+	if err != nil {
+		return err
+	}
+	var budget int64
+	if *kvMem != "" {
+		if budget, err = parseBytes(*kvMem); err != nil {
+			return fmt.Errorf("--kv-cache-memory: %v", err)
+		}
+	} else {
+		if *kvFrac <= 0 || *kvFrac > 0.95 {
+			return fmt.Errorf("--kv-cache-fraction must be in (0, 0.95]")
+		}
+		if avail := memAvailable(); avail > 0 {
+			budget = int64(float64(avail) * *kvFrac)
+		}
+	}
+	tmpl := ""
+	if *chatTmpl != "" {
+		b, err := os.ReadFile(*chatTmpl)
+		if err != nil {
+			return err
+		}
+		tmpl = string(b)
+	}
+	m, err := model.Open(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
+	if err != nil {
+		return err
+	}
+	defer m.Close()
+	tok := m.Tokenizer()
+	if tok == nil {
+		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", *modelPath)
+	}
+	if *name == "" {
+		*name = strings.TrimSuffix(filepath.Base(*modelPath), ".gguf")
+	}
+	c := m.Config
+	reg := prometheus.NewRegistry()
+	eng, err := engine.New(m, tok, engine.Config{
+		ModelName: *name, NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
+		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, DisablePrefixCache: *noPrefix,
+		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
+		Registry: reg,
+	})
+	if err != nil {
+		return err
+	}
+	eng.Start()
+	backend, err := server.NewEngineBackend(eng, tok, *name, c.ContextLen, tmpl)
+	if err != nil {
+		return err
+	}
+	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg})
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return err
+	}
+	st := eng.Stats()
+	log.Printf("pagoda: serving %s on http://%s (threads %d, KV %s blocks %d×%d tokens, budget %.1f MB)",
+		*name, ln.Addr(), m.Pool().Threads(), dt, st.KV.Blocks, *blockSize, float64(budget)/1e6)
+	err = srv.Serve(ctx, ln, *grace)
+	sctx, cancel := context.WithTimeout(context.Background(), *grace)
+	defer cancel()
+	if serr := eng.Stop(sctx); err == nil && serr != nil && serr != context.DeadlineExceeded {
+		err = serr
+	}
+	log.Printf("pagoda: stopped")
+	return err
+}
