@@ -76,4 +76,3 @@ func runBenchServe(args []string) error {
 	}
 	return nil
 }
-
