@@ -466,12 +466,12 @@ func maxLogit(logits []float32) (float32, bool) {
 // NaNs are ignored; it returns 0 when nothing else qualifies.
 func Greedy(logits []float32) int32 {
 	best := -1
+	var bv float32
 	for i, l := range logits {
-		if l != l {
-			continue
-		}
-		if best < 0 || l > logits[best] {
-			best = i
+		// Strict > keeps the first (lowest) id on ties and never takes a
+		// NaN; the second clause seeds best with the first non-NaN value.
+		if l > bv || (best < 0 && l == l) {
+			best, bv = i, l
 		}
 	}
 	if best < 0 {
