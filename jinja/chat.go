@@ -85,8 +85,9 @@ func messageValue(m Message) (*Dict, error) {
 }
 
 // RenderChat renders a model's chat template the way HF transformers'
-// apply_chat_template does: variables messages, tools (None when absent),
-// add_generation_prompt, bos_token and eos_token, plus o.Extra.
+// apply_chat_template does: variables messages, tools and documents (None
+// when absent), add_generation_prompt, bos_token and eos_token, plus
+// o.Extra.
 func RenderChat(template string, msgs []Message, o ChatOptions) (string, error) {
 	t, err := Parse(template)
 	if err != nil {
@@ -111,6 +112,7 @@ func (t *Template) RenderChat(msgs []Message, o ChatOptions) (string, error) {
 		"bos_token":             o.BOSToken,
 		"eos_token":             o.EOSToken,
 		"tools":                 nil,
+		"documents":             nil,
 	}
 	if len(o.Tools) > 0 {
 		tools := &List{}
