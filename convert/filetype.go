@@ -139,13 +139,13 @@ func resolveFileType(t quant.Type, mix string) (*fileType, bool, error) {
 	if match == nil {
 		for i := range fileTypes {
 			if fileTypes[i].base == t {
-				return nil, false, fmt.Errorf("convert: type %s has no mix %q", t, mix)
+				return nil, false, fmt.Errorf("type %s has no mix %q", t, mix)
 			}
 		}
-		return nil, false, fmt.Errorf("convert: cannot quantize to type %s (supported: %s)", t, supportedNames())
+		return nil, false, fmt.Errorf("cannot quantize to type %s (supported: %s)", t, supportedNames())
 	}
 	if match.imatrix {
-		return nil, false, fmt.Errorf("convert: quantization type %s needs an importance matrix, which Pagoda does not compute", match.name)
+		return nil, false, fmt.Errorf("quantization type %s needs an importance matrix, which Pagoda does not compute", match.name)
 	}
 	return match, pure, nil
 }

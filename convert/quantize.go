@@ -72,27 +72,62 @@ func Quantize(in, out string, o QuantizeOptions) error {
 	return nil
 }
 
-type plannedTensor struct {
-	src *srcTensor
-	to  quant.Type
+// TensorPlan is what Quantize does with one tensor.
+type TensorPlan struct {
+	Name     string
+	Dims     []uint64
+	From, To quant.Type
+	// Bytes is the tensor's size in the output file.
+	Bytes int
 }
 
-func quantize(in, out string, o QuantizeOptions) error {
+// Plan returns the tensors Quantize would write, in file order, with
+// their types, without converting anything (llama-quantize --dry-run). It
+// fails where Quantize would fail before writing.
+func Plan(in string, o QuantizeOptions) ([]TensorPlan, error) {
+	src, _, plan, err := makePlan(in, &o)
+	if err != nil {
+		return nil, fmt.Errorf("convert: quantize %s: %w", in, err)
+	}
+	defer src.Close()
+	out := make([]TensorPlan, len(plan))
+	for i, p := range plan {
+		out[i] = TensorPlan{Name: p.src.name, Dims: p.src.dims, From: p.src.typ, To: p.to, Bytes: p.bytes}
+	}
+	return out, nil
+}
+
+type plannedTensor struct {
+	src   *srcTensor
+	to    quant.Type
+	bytes int
+}
+
+// makePlan opens the input and picks every tensor's type; the caller
+// closes the source.
+func makePlan(in string, o *QuantizeOptions) (*source, *fileType, []plannedTensor, error) {
 	ft, pure, err := resolveFileType(o.Type, o.Mix)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
 	for _, t := range []quant.Type{o.OutputType, o.EmbeddingType} {
 		if t != 0 && !canQuantizeTo(t) {
-			return fmt.Errorf("cannot store tensors as %s", t)
+			return nil, nil, nil, fmt.Errorf("cannot store tensors as %s", t)
 		}
 	}
 	src, err := openSource(in, o.Tokenizer)
 	if err != nil {
-		return err
+		return nil, nil, nil, err
 	}
-	defer src.Close()
+	plan, err := planTensors(src, ft, pure, o)
+	if err != nil {
+		src.Close()
+		return nil, nil, nil, err
+	}
+	return src, ft, plan, nil
+}
 
+func planTensors(src *source, ft *fileType, pure bool, o *QuantizeOptions) ([]plannedTensor, error) {
 	// llama-quantize visits (and writes) tensors in weight_name_comparer
 	// order; its layer counters depend on it.
 	ts := append([]*srcTensor(nil), src.tensors...)
@@ -113,27 +148,31 @@ func quantize(in, out string, o QuantizeOptions) error {
 	var requant []string
 	for i, t := range ts {
 		if len(t.dims) == 0 {
-			return fmt.Errorf("tensor %q: no dimensions", t.name)
+			return nil, fmt.Errorf("tensor %q: no dimensions", t.name)
 		}
 		to, err := p.target(t.name, t.typ, t.dims)
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if to != t.typ {
 			if !canQuantizeTo(to) {
-				return fmt.Errorf("tensor %q: cannot quantize to %s", t.name, to)
+				return nil, fmt.Errorf("tensor %q: cannot quantize to %s", t.name, to)
 			}
 			if !t.typ.Supported() {
-				return fmt.Errorf("tensor %q: type %s cannot be converted (no dequantizer)", t.name, t.typ)
+				return nil, fmt.Errorf("tensor %q: type %s cannot be converted (no dequantizer)", t.name, t.typ)
 			}
 			if isQuantized(t.typ) {
 				if !o.AllowRequantize {
-					return fmt.Errorf("tensor %q is already %s: requantizing loses quality and needs AllowRequantize (llama-quantize --allow-requantize)", t.name, t.typ)
+					return nil, fmt.Errorf("tensor %q is already %s: requantizing loses quality and needs AllowRequantize (llama-quantize --allow-requantize)", t.name, t.typ)
 				}
 				requant = append(requant, t.name)
 			}
 		}
-		plan[i] = plannedTensor{t, to}
+		size, err := tensorSize(to, t.dims)
+		if err != nil {
+			return nil, fmt.Errorf("tensor %q: %w", t.name, err)
+		}
+		plan[i] = plannedTensor{t, to, size}
 	}
 	if len(requant) > 0 {
 		o.warn("requantizing %d already-quantized tensors (first %q): quality will be worse than quantizing the original F32/F16/BF16 weights", len(requant), requant[0])
@@ -141,6 +180,15 @@ func quantize(in, out string, o QuantizeOptions) error {
 	if p.fallbacks > 0 {
 		o.warn("%d of %d tensors have rows that are not a whole number of blocks and use a fallback type", p.fallbacks, len(ts))
 	}
+	return plan, nil
+}
+
+func quantize(in, out string, o QuantizeOptions) error {
+	src, ft, plan, err := makePlan(in, &o)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
 
 	w := gguf.NewWriter()
 	for _, kv := range src.kv {
@@ -165,13 +213,10 @@ func quantize(in, out string, o QuantizeOptions) error {
 	for _, pt := range plan {
 		pt := pt
 		t := pt.src
-		size, err := tensorSize(pt.to, t.dims)
-		if err != nil {
-			return fmt.Errorf("tensor %q: %w", t.name, err)
-		}
-		err = w.AddTensorFunc(t.name, pt.to, t.dims, size, func(out io.Writer) error {
+		err := w.AddTensorFunc(t.name, pt.to, t.dims, pt.bytes, func(out io.Writer) error {
+			// The writer names the tensor in its errors.
 			if err := writeTensor(out, t, pt.to, threads); err != nil {
-				return fmt.Errorf("tensor %q: %w", t.name, err)
+				return err
 			}
 			done++
 			if o.Progress != nil {

@@ -54,7 +54,7 @@ func toGGUF(in, out string, o ConvertOptions) error {
 		}
 		err = w.AddTensorFunc(t.name, t.typ, t.dims, size, func(out io.Writer) error {
 			if err := writeTensor(out, t, t.typ, 1); err != nil {
-				return fmt.Errorf("tensor %q: %w", t.name, err)
+				return err
 			}
 			done++
 			if o.Progress != nil {
