@@ -1,0 +1,16 @@
+package engine
+
+import "pagoda/model"
+
+// ModelConfig fills the shape fields of a Config from a loaded model; the
+// caller sets the serving limits on the result.
+func ModelConfig(m *model.Model, name string) Config {
+	c := m.Config
+	return Config{
+		ModelName: name,
+		NLayer:    c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
+	}
+}
+
+var _ Forwarder = (*model.Model)(nil)
