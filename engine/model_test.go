@@ -8,6 +8,7 @@ import (
 
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/sample"
 	"pagoda/testutil"
 	"pagoda/tokenizer"
 )
@@ -89,6 +90,25 @@ func TestStories260K(t *testing.T) {
 		}
 		ea.Stop(context.Background())
 		if dt == kvcache.F32 {
+			// Parallel sampling over shared prompt blocks (copy-on-write)
+			// equals separate seeded runs.
+			sp := sample.Params{Temperature: 1, TopK: 40, Seed: 7, HasSeed: true}
+			ea2, err := New(m, tok, alone)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ea2.Start()
+			multi := run(t, ea2, &Request{Prompt: reqs[1].Prompt, MaxTokens: 12, N: 3, Sampling: sp, IgnoreEOS: true})
+			for i := 0; i < 3; i++ {
+				sp1 := sp
+				sp1.Seed += uint64(i)
+				one := run(t, ea2, &Request{Prompt: reqs[1].Prompt, MaxTokens: 12, Sampling: sp1, IgnoreEOS: true})
+				if fmt.Sprint(one.tokens[0]) != fmt.Sprint(multi.tokens[i]) {
+					t.Fatalf("n=3 completion %d %v, alone %v", i, multi.tokens[i], one.tokens[0])
+				}
+			}
+			ea2.Stop(context.Background())
+			mustNoLeak(t, ea2)
 			for i, r := range reqs {
 				ref := flatGreedy(t, m, r.Prompt, r.MaxTokens)
 				if fmt.Sprint(ref) != fmt.Sprint(want[i].tokens[0]) {
