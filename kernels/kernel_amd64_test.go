@@ -28,11 +28,15 @@ func BenchmarkGemmKernel(b *testing.B) {
 			quantizeActs(nil, pk, randF32(r, n*cols), n, cols, &a)
 			var tmp [128]float32
 			b.Run(fmt.Sprintf("%s/n%d", typ, n), func(b *testing.B) {
+				cpu0 := processCPU()
 				for b.Loop() {
 					fns[n](&pk.data[0], &a.q[0], &a.st[0], &tmp[0], pk.nb)
 				}
 				sec := b.Elapsed().Seconds() / float64(b.N)
 				b.ReportMetric(2*16*cols*float64(n)/sec/1e9, "GOP/s")
+				if cpu := (processCPU() - cpu0).Seconds() / float64(b.N); cpu > 0 {
+					b.ReportMetric(2*16*cols*float64(n)/cpu/1e9, "GOP/s-cpu")
+				}
 			})
 		}
 	}
