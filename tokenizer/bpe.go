@@ -89,8 +89,12 @@ type BPE struct {
 	pool  sync.Pool
 }
 
-// bpeCacheMax bounds the word cache; it is cleared when full.
-const bpeCacheMax = 1 << 17
+// bpeCacheMax bounds the word cache; it is cleared when full. Words longer
+// than bpeCacheWordMax (whole SentencePiece-style segments) are not cached.
+const (
+	bpeCacheMax     = 1 << 17
+	bpeCacheWordMax = 256
+)
 
 // NewBPE builds a byte-level BPE tokenizer (GGUF tokenizer.ggml.model
 // "gpt2") from a vocabulary and its merges ("a b" in the byte-level
@@ -375,6 +379,9 @@ func (t *BPE) encodeWord(w *bpeWork, word string, out []int32) []int32 {
 	out = t.mergeWord(w, word, out)
 	res := make([]int32, len(out)-start)
 	copy(res, out[start:])
+	if len(word) > bpeCacheWordMax {
+		return out
+	}
 	t.mu.Lock()
 	if len(t.cache) >= bpeCacheMax {
 		clear(t.cache)

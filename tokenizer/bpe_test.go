@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"pagoda/gguf"
 	"pagoda/testutil"
@@ -134,5 +135,26 @@ func TestBPEGGUFVocabs(t *testing.T) {
 	}
 	if tested == 0 {
 		t.Skip("no gpt2 vocabularies found")
+	}
+}
+
+// TestBPELongWord: a single quarter-million-byte word merges in
+// O(n log n) and round-trips.
+func TestBPELongWord(t *testing.T) {
+	p := testutil.Shared(t, "models/llama.cpp-vocab/ggml-vocab-gpt-2.gguf")
+	v, merges := bpeVocabFromGGUF(t, p)
+	tok, err := NewBPE(v, merges)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{strings.Repeat("a", 1<<18), strings.Repeat("ab", 1<<17), strings.Repeat("é", 1<<17)} {
+		start := time.Now()
+		ids := tok.Encode(s, Options{})
+		if d := time.Since(start); d > 3*time.Second {
+			t.Errorf("%d-byte word took %v", len(s), d)
+		}
+		if tok.Decode(ids) != s {
+			t.Errorf("%d-byte word: round trip differs", len(s))
+		}
 	}
 }

@@ -233,6 +233,16 @@ func isCRLF(r rune) bool { return r == '\r' || r == '\n' }
 // isOther is [^\s\p{L}\p{N}].
 func isOther(r rune) bool { return !isSpace(r) && !isL(r) && !isN(r) }
 
+// runUpTo is runOf limited to n runes: {1,n} quantifiers must not scan a
+// long run at every position (quadratic on a million digits).
+func runUpTo(rs []rune, i, n int, f func(rune) bool) int {
+	j := i
+	for j < len(rs) && j-i < n && f(rs[j]) {
+		j++
+	}
+	return j
+}
+
 func runOf(rs []rune, i int, f func(rune) bool) int {
 	j := i
 	for j < len(rs) && f(rs[j]) {
@@ -340,11 +350,7 @@ func (c llama3Like) match(rs []rune, i int) int {
 		return runOf(rs, i, isL) - i
 	}
 	if isN(r) {
-		j := runOf(rs, i, isN)
-		if j-i > c.digits {
-			return c.digits
-		}
-		return j - i
+		return runUpTo(rs, i, c.digits, isN) - i
 	}
 	s := i
 	if r == ' ' && i+1 < len(rs) {
@@ -467,11 +473,7 @@ func (c caseSplit) match(rs []rune, i int) int {
 		return e - i
 	}
 	if isN(r) {
-		j := runOf(rs, i, isN)
-		if j-i > c.digits {
-			return c.digits
-		}
-		return j - i
+		return runUpTo(rs, i, c.digits, isN) - i
 	}
 	s := i
 	if r == ' ' && i+1 < len(rs) {
@@ -504,13 +506,7 @@ func matchClassOne(f func(rune) bool) preMatcher {
 
 // matchDigitsUpTo is \p{N}{1,n}.
 func matchDigitsUpTo(n int) preMatcher {
-	return func(rs []rune, i int) int {
-		j := runOf(rs, i, isN) - i
-		if j > n {
-			return n
-		}
-		return j
-	}
+	return func(rs []rune, i int) int { return runUpTo(rs, i, n, isN) - i }
 }
 
 // matchOptSpaceRun is \s?[class]+.
@@ -525,7 +521,9 @@ func matchOptSpaceRun(f func(rune) bool) preMatcher {
 
 // matchTrailingSpace is \s+$ within the fragment.
 func matchTrailingSpace(rs []rune, i int) int {
-	if !isSpace(rs[i]) {
+	// Inside a run the previous position already failed, and so does
+	// this one; checking that keeps long runs linear.
+	if !isSpace(rs[i]) || i > 0 && isSpace(rs[i-1]) {
 		return 0
 	}
 	if j := runOf(rs, i, isSpace); j == len(rs) {
@@ -642,8 +640,15 @@ func matchLiteral(lit string) preMatcher {
 }
 
 // matchSentinel is <sentinel:[0-9]+>.
+var (
+	matchSentinelPrefix = matchLiteral("<sentinel:")
+	matchIMGIMG         = matchLiteral("IMGIMG")
+	match4Spaces        = matchLiteral("    ")
+	match2Spaces        = matchLiteral("  ")
+)
+
 func matchSentinel(rs []rune, i int) int {
-	n := matchLiteral("<sentinel:")(rs, i)
+	n := matchSentinelPrefix(rs, i)
 	if n == 0 {
 		return 0
 	}
@@ -656,7 +661,7 @@ func matchSentinel(rs []rune, i int) int {
 
 // matchImageTokens is (IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z.
 func matchImageTokens(rs []rune, i int) int {
-	n := matchLiteral("IMGIMG")(rs, i)
+	n := matchIMGIMG(rs, i)
 	if n == 0 {
 		return 0
 	}
@@ -678,10 +683,10 @@ func matchChameleonWS(rs []rune, i int) int {
 	if rs[i] == '\t' || rs[i] == '\n' {
 		return 1
 	}
-	if n := matchLiteral("    ")(rs, i); n > 0 {
+	if n := match4Spaces(rs, i); n > 0 {
 		return n
 	}
-	return matchLiteral("  ")(rs, i)
+	return match2Spaces(rs, i)
 }
 
 func isChameleonPunct(r rune) bool { return isASCIIPunct(r) || isP(r) }

@@ -4,6 +4,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 )
 
@@ -111,6 +112,24 @@ func TestPreFamiliesJoin(t *testing.T) {
 		"viking", "smollm", "codeshell", "bloom", "gpt3-finnish", "exaone", "minerva-7b", "llama4", "gpt-4o"} {
 		if _, err := PreTokenizer(name); err != nil {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// TestPreLinear: long runs of one class must not make a splitter
+// quadratic ({1,3} digit runs and \s+$ once were).
+func TestPreLinear(t *testing.T) {
+	units := []string{"A", " ", " \n", "'", "\u0301", "Aʰ", "1", "a ", "  1", "ab\u00a0"}
+	const n = 1 << 17
+	for _, name := range preFamilies {
+		split, _ := PreTokenizer(name)
+		for _, u := range units {
+			s := strings.Repeat(u, n/len([]rune(u)))
+			start := time.Now()
+			split(s)
+			if d := time.Since(start); d > 2*time.Second {
+				t.Errorf("%s on %d × %q: %v", name, n, u, d)
+			}
 		}
 	}
 }

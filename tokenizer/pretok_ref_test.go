@@ -1,0 +1,164 @@
+package tokenizer
+
+import (
+	"math/rand"
+	"reflect"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"unicode/utf8"
+)
+
+// A slow reference for the single-regex families: each alternative of the
+// original pattern is compiled on its own with Go's regexp (leftmost-first,
+// as a backtracking engine picks for these patterns) and tried in order at
+// every position; only \s+(?!\S), which RE2 cannot express, is written out.
+
+const preRefLookahead = "LOOKAHEAD"
+
+type preRef struct {
+	name string
+	alts []string
+}
+
+var preRefs = []preRef{
+	{"llama3", []string{`(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])`, `[^\r\n\p{L}\p{N}]?\p{L}+`, `\p{N}{1,3}`,
+		` ?[^\s\p{L}\p{N}]+[\r\n]*`, `\s*[\r\n]+`, preRefLookahead, `\s+`}},
+	{"qwen2", []string{`(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])`, `[^\r\n\p{L}\p{N}]?\p{L}+`, `\p{N}`,
+		` ?[^\s\p{L}\p{N}]+[\r\n]*`, `\s*[\r\n]+`, preRefLookahead, `\s+`}},
+	{"gpt2", []string{`'s|'t|'re|'ve|'m|'ll|'d`, ` ?\p{L}+`, ` ?\p{N}+`, ` ?[^\s\p{L}\p{N}]+`, preRefLookahead, `\s+`}},
+	{"tekken", []string{`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+`,
+		`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*`, `\p{N}`,
+		` ?[^\s\p{L}\p{N}]+[\r\n/]*`, `\s*[\r\n]+`, preRefLookahead, `\s+`}},
+	{"gpt-4o", []string{`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?`,
+		`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?`,
+		`\p{N}{1,3}`, ` ?[^\s\p{L}\p{N}]+[\r\n/]*`, `\s*[\r\n]+`, preRefLookahead, `\s+`}},
+}
+
+// The DeepSeek-V3 word regex alone (its own family runs two stages first).
+var preRefDeepseekV3 = []string{"[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+", `[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+`,
+	` ?[\p{P}\p{S}]+[\r\n]*`, `\s*[\r\n]+`, preRefLookahead, `\s+`}
+
+var (
+	refCacheMu sync.Mutex
+	refCache   = map[string][]*regexp.Regexp{}
+)
+
+func compileRef(t testing.TB, alts []string) []*regexp.Regexp {
+	key := strings.Join(alts, "\x00")
+	refCacheMu.Lock()
+	defer refCacheMu.Unlock()
+	if res, ok := refCache[key]; ok {
+		return res
+	}
+	res := make([]*regexp.Regexp, len(alts))
+	for i, a := range alts {
+		if a == preRefLookahead {
+			continue
+		}
+		res[i] = regexp.MustCompile(`\A(?:` + hfTranslateRegex(a) + `)`)
+	}
+	refCache[key] = res
+	return res
+}
+
+var refSpace = regexp.MustCompile(`\A` + hfTranslateRegex(`\s+`))
+
+func refSplit(s string, res []*regexp.Regexp) []string {
+	var out []string
+	gap := 0
+	for i := 0; i < len(s); {
+		n := 0
+		for _, re := range res {
+			if re == nil {
+				if l := refSpace.FindStringIndex(s[i:]); l != nil {
+					switch {
+					case i+l[1] == len(s):
+						n = l[1]
+					default:
+						_, w := utf8.DecodeLastRuneInString(s[i : i+l[1]])
+						n = l[1] - w
+					}
+				}
+			} else if l := re.FindStringIndex(s[i:]); l != nil {
+				n = l[1]
+			}
+			if n > 0 {
+				break
+			}
+		}
+		if n == 0 {
+			_, w := utf8.DecodeRuneInString(s[i:])
+			i += w
+			continue
+		}
+		if i > gap {
+			out = append(out, s[gap:i])
+		}
+		out = append(out, s[i:i+n])
+		i += n
+		gap = i
+	}
+	if gap < len(s) {
+		out = append(out, s[gap:])
+	}
+	return out
+}
+
+// preRefAlphabet mixes the characters the patterns care about.
+var preRefAlphabet = []rune("aZ9 '\t\r\n/.,!sStTdDlLmM½²é\u0301Åǅʰあ中한ッ\u3000\u00a0\u2028😀_-$+<=>^~|`")
+
+func randomPreString(r *rand.Rand) string {
+	n := r.Intn(24)
+	rs := make([]rune, n)
+	for i := range rs {
+		rs[i] = preRefAlphabet[r.Intn(len(preRefAlphabet))]
+	}
+	return string(rs)
+}
+
+func checkPreRef(t *testing.T, s string) {
+	for _, ref := range preRefs {
+		split, err := PreTokenizer(ref.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := split(s), refSplit(s, compileRef(t, ref.alts)); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s %q:\n got %q\nwant %q", ref.name, s, got, want)
+		}
+	}
+	dv3 := []preSplit{{stage: matchStage{matchDeepseekV3}}}
+	if got, want := splitWords(s, dv3), refSplit(s, compileRef(t, preRefDeepseekV3)); !reflect.DeepEqual(got, want) {
+		t.Fatalf("deepseek-v3 words %q:\n got %q\nwant %q", s, got, want)
+	}
+}
+
+func TestPreVsRegexp(t *testing.T) {
+	for _, s := range preSeeds {
+		if utf8.ValidString(s) {
+			checkPreRef(t, s)
+		}
+	}
+	r := rand.New(rand.NewSource(1))
+	n := 20000
+	if testing.Short() {
+		n = 3000
+	}
+	for i := 0; i < n; i++ {
+		checkPreRef(t, randomPreString(r))
+	}
+	checkPreRef(t, strings.Repeat("ab ", 50))
+}
+
+func FuzzPreVsRegexp(f *testing.F) {
+	for _, s := range preSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !utf8.ValidString(s) {
+			return
+		}
+		checkPreRef(t, s)
+	})
+}
