@@ -39,8 +39,12 @@ func SetISA(name string) error {
 	return fmt.Errorf("kernels: instruction set %q not available (have %v)", name, isaNames)
 }
 
+// packedOn is set while the active kernels use the packed weight layouts.
+var packedOn bool
+
 // setGeneric points every dispatch variable at its reference.
 func setGeneric() {
+	packedOn = false
 	matMul = MatMulRef
 	rmsNorm = RMSNormRef
 	softmax = SoftmaxRef

@@ -19,8 +19,6 @@ func init() {
 	SetISA(isaNames[0])
 }
 
-var packedOn bool
-
 func usesPacked() bool { return packedOn }
 
 func setSIMD(name string) {
@@ -59,6 +57,8 @@ func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 		fns = &gemmQ4CFns
 	case packQ4SM:
 		fns = &gemmQ4SMFns
+	case packQ8S16:
+		fns = &gemmQ8S16_Fns
 	default:
 		fns = &gemmSM16_Fns
 	}

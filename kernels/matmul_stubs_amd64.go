@@ -109,6 +109,32 @@ func gemmQ4SM8(w *byte, x *int8, st *float32, out *float32, nb int)
 var gemmQ4SMFns = [9]gemmKernel{nil, gemmQ4SM1, gemmQ4SM2, gemmQ4SM3, gemmQ4SM4, gemmQ4SM5, gemmQ4SM6, gemmQ4SM7, gemmQ4SM8}
 
 //go:noescape
+func gemmQ8S16_1(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_2(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_3(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_4(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_5(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_6(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_7(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ8S16_8(w *byte, x *int8, st *float32, out *float32, nb int)
+
+var gemmQ8S16_Fns = [9]gemmKernel{nil, gemmQ8S16_1, gemmQ8S16_2, gemmQ8S16_3, gemmQ8S16_4, gemmQ8S16_5, gemmQ8S16_6, gemmQ8S16_7, gemmQ8S16_8}
+
+//go:noescape
 func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 //go:noescape

@@ -21,6 +21,8 @@ import (
 //	packQ4C:  block 32: 4 chunks × 64 B, low nibble = column 4k+j, high
 //	          nibble = column 16+4k+j (Q4_0's own byte order), 16 f16 d.
 //	          w = d·(u − 8)
+//	packQ8S16: block 16: 4 chunks × 64 B (u8), then 16 f32 scales S.
+//	          w = S·(u − K) (Q6_K: K 32, Q3_K: K 4)
 //	packQ4SM: block 32: nibbles as packQ4C, then 16 f32 S and 16 f32 M.
 //	          w = S·u + M (Q4_K, Q4_1)
 //	packSM16: block 16: 4 chunks × 64 B (u8), then 16 f32 scales S and 16
@@ -33,6 +35,7 @@ const (
 	packQ4C
 	packSM16
 	packQ4SM
+	packQ8S16
 )
 
 // actKind is how activations are quantized for a weight type: like ggml's
@@ -64,6 +67,8 @@ func (k packKind) tileBytes() int {
 		return 256 + 32
 	case packSM16, packQ4SM:
 		return 256 + 128
+	case packQ8S16:
+		return 256 + 64
 	}
 	return 0
 }
@@ -82,7 +87,11 @@ func pack(p *Pool, m *Matrix) *packed {
 		pk = packed{kind: packQ4SM, act: actQ8_K, block: 32, k: 1}
 	case quant.Q4_1:
 		pk = packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}
-	case quant.Q5_K, quant.Q6_K, quant.Q2_K, quant.Q3_K:
+	case quant.Q6_K:
+		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 32}
+	case quant.Q3_K:
+		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 4}
+	case quant.Q5_K, quant.Q2_K:
 		pk = packed{kind: packSM16, act: actQ8_K, block: 16, k: 1}
 	case quant.Q5_0, quant.Q5_1:
 		pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
@@ -98,7 +107,7 @@ func pack(p *Pool, m *Matrix) *packed {
 	pk.data = make([]byte, pk.groups*pk.groupBytes)
 	p.For(pk.groups, 4, func(lo, hi int) {
 		var dec *smRow
-		if pk.kind == packSM16 || pk.kind == packQ4SM {
+		if pk.kind == packSM16 || pk.kind == packQ4SM || pk.kind == packQ8S16 {
 			dec = newSMRow(m.Cols)
 		}
 		for g := lo; g < hi; g++ {
@@ -120,6 +129,9 @@ func pack(p *Pool, m *Matrix) *packed {
 				case packQ4SM:
 					dec.decode(m.Type, src)
 					packRowQ4SM(dst, dec, r, pk.nb)
+				case packQ8S16:
+					dec.decode(m.Type, src)
+					packRowQ8S16(dst, dec, r, pk.nb)
 				}
 			}
 		}
@@ -159,6 +171,16 @@ func packRowSM16(dst []byte, d *smRow, r, nb int) {
 		}
 		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[b]))
 		binary.LittleEndian.PutUint32(t[320+4*r:], math.Float32bits(d.m[b]))
+	}
+}
+
+func packRowQ8S16(dst []byte, d *smRow, r, nb int) {
+	for b := 0; b < nb; b++ {
+		t := dst[b*320 : b*320+320]
+		for k := 0; k < 4; k++ {
+			copy(t[k*64+r*4:k*64+r*4+4], d.q[16*b+4*k:16*b+4*k+4])
+		}
+		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[b]))
 	}
 }
 

@@ -109,12 +109,12 @@ q80done:
 	VZEROUPPER
 	RET
 
-// func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, ststride int, blk32 bool)
+// func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, ststride int, k float32, blk32 bool)
 // Per 256 elements, as quantize_row_q8_K_ref: iscale = −127/max (max the
 // first element of largest magnitude), q = nearest_int(iscale·x), d =
 // 1/iscale; then per 16 (or 32 with blk32) elements writes the q bytes and
-// {d, d·Σq}.
-TEXT ·quantQ8KAVX512(SB), NOSPLIT, $0-49
+// {d, k·d·Σq}.
+TEXT ·quantQ8KAVX512(SB), NOSPLIT, $0-53
 	MOVQ x+0(FP), SI
 	MOVQ nsb+8(FP), CX
 	MOVQ q+16(FP), DI
@@ -157,8 +157,9 @@ q8kfound:
 	VMOVSS (SI)(R11*1), X3
 	VDIVSS X3, X15, X4
 	VDIVSS X4, X13, X5
+	VMULSS k+48(FP), X5, X12
 	VBROADCASTSS X4, Z4
-	CMPB blk32+48(FP), $0
+	CMPB blk32+52(FP), $0
 	JNE q8k32
 	MOVQ $16, R10
 q8kblk:
@@ -168,7 +169,7 @@ q8kblk:
 	VMOVDQA64 Z6, Z10
 	HSUMD
 	VCVTDQ2PS X10, X10
-	VMULSS X10, X5, X10
+	VMULSS X10, X12, X10
 	VMOVSS X5, (DX)
 	VMOVSS X10, 4(DX)
 	ADDQ $64, SI
@@ -191,7 +192,7 @@ q8k32blk:
 	VPADDD Z7, Z6, Z10
 	HSUMD
 	VCVTDQ2PS X10, X10
-	VMULSS X10, X5, X10
+	VMULSS X10, X12, X10
 	VMOVSS X5, (DX)
 	VMOVSS X10, 4(DX)
 	ADDQ $128, SI
@@ -205,13 +206,13 @@ q8k32blk:
 q8kzero:
 	MOVQ $16, R10
 	VXORPS X6, X6, X6
-	CMPB blk32+48(FP), $0
+	CMPB blk32+52(FP), $0
 	JEQ q8kzblk
 	MOVQ $8, R10
 q8kzblk:
 	// 32-element slots: zero both halves and step over 128 bytes of x.
 	VMOVDQU X6, (DI)
-	CMPB blk32+48(FP), $0
+	CMPB blk32+52(FP), $0
 	JEQ q8kz16
 	VMOVDQU X6, 16(DI)
 	ADDQ $64, SI
