@@ -61,4 +61,3 @@ func BenchmarkMatMul(b *testing.B) {
 		}
 	}
 }
-
