@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"math"
+	"sync/atomic"
 
 	"pagoda/quant"
 )
@@ -100,7 +101,55 @@ func SiLUMulRef(out, g, u []float32) {
 // by any rope_freqs factor). neox selects the half-split pairing (i, i+d/2);
 // otherwise pairs are adjacent (2i, 2i+1). Only the first 2·len(freqs)
 // dimensions rotate.
+//
+// A model rotates every head of a token at the same position in a row, so
+// the sines and cosines of the last position are kept and reused: the same
+// float32 values as RoPERef, one Sincos per pair per token instead of per
+// head.
 func RoPE(x []float32, pos int, freqs []float32, neox bool) {
+	n := len(freqs)
+	if n == 0 {
+		return
+	}
+	t := ropeLast.Load()
+	if t == nil || t.pos != pos || len(t.cos) != n || t.freqs != &freqs[0] || t.f0 != freqs[0] || t.fn != freqs[n-1] {
+		t = &ropeTable{pos: pos, freqs: &freqs[0], f0: freqs[0], fn: freqs[n-1], cos: make([]float32, n), sin: make([]float32, n)}
+		for i, f := range freqs {
+			s, c := math.Sincos(float64(pos) * float64(f))
+			t.sin[i], t.cos[i] = float32(s), float32(c)
+		}
+		ropeLast.Store(t)
+	}
+	if neox {
+		a, b := x[:n], x[n:2*n]
+		for i := range a {
+			x0, x1 := a[i], b[i]
+			a[i] = x0*t.cos[i] - x1*t.sin[i]
+			b[i] = x0*t.sin[i] + x1*t.cos[i]
+		}
+		return
+	}
+	x = x[:2*n]
+	for i := 0; i < n; i++ {
+		x0, x1 := x[2*i], x[2*i+1]
+		x[2*i] = x0*t.cos[i] - x1*t.sin[i]
+		x[2*i+1] = x0*t.sin[i] + x1*t.cos[i]
+	}
+}
+
+// ropeTable is an immutable cache entry; the freqs pointer and its first
+// and last values identify the frequency table.
+type ropeTable struct {
+	pos      int
+	freqs    *float32
+	f0, fn   float32
+	cos, sin []float32
+}
+
+var ropeLast atomic.Pointer[ropeTable]
+
+// RoPERef is the reference RoPE.
+func RoPERef(x []float32, pos int, freqs []float32, neox bool) {
 	n := len(freqs)
 	for i := 0; i < n; i++ {
 		ang := float64(pos) * float64(freqs[i])

@@ -88,3 +88,44 @@ func testOps(t *testing.T) {
 		}
 	}
 }
+
+// TestRoPE: the cached-table RoPE is bit-identical to the reference, across
+// position changes, both pairings, and a frequency table that changes in
+// place.
+func TestRoPE(t *testing.T) {
+	r := rand.New(rand.NewPCG(13, 14))
+	freqs := make([]float32, 32)
+	for i := range freqs {
+		freqs[i] = float32(math.Pow(10000, -2*float64(i)/64))
+	}
+	other := append([]float32(nil), freqs...)
+	other[5] *= 0.25
+	for _, pos := range []int{0, 1, 1, 7, 4095, 7, 100000} {
+		for _, neox := range []bool{false, true} {
+			for _, f := range [][]float32{freqs, other, freqs[:16]} {
+				x := randF32(r, 64)
+				want := append([]float32(nil), x...)
+				RoPE(x, pos, f, neox)
+				RoPERef(want, pos, f, neox)
+				for i := range x {
+					if x[i] != want[i] {
+						t.Fatalf("pos %d neox %v n %d: x[%d] = %g, want %g", pos, neox, len(f), i, x[i], want[i])
+					}
+				}
+			}
+		}
+	}
+	// Same slice, values changed in place (first/last element change).
+	f := append([]float32(nil), freqs...)
+	x := randF32(r, 64)
+	RoPE(append([]float32(nil), x...), 3, f, false)
+	f[31] *= 2
+	want := append([]float32(nil), x...)
+	RoPE(x, 3, f, false)
+	RoPERef(want, 3, f, false)
+	for i := range x {
+		if x[i] != want[i] {
+			t.Fatalf("in-place change: x[%d] = %g, want %g", i, x[i], want[i])
+		}
+	}
+}
