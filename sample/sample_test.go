@@ -435,6 +435,8 @@ func TestLogprobs(t *testing.T) {
 	}
 }
 
+// benchLogits is a hard case: N(0, 3²) logits are flatter than a real
+// model's, so no token is negligible and top-p nuclei are large.
 func benchLogits(n int) []float32 {
 	r := rand.New(rand.NewPCG(3, 4))
 	l := make([]float32, n)
@@ -444,8 +446,25 @@ func benchLogits(n int) []float32 {
 	return l
 }
 
-func BenchmarkSample128k(b *testing.B) {
-	logits := benchLogits(128256)
+// llmLogits looks more like a model's output: a broad N(0, 2.5²) floor and
+// a handful of candidates 15–25 above it.
+func llmLogits(n int) []float32 {
+	r := rand.New(rand.NewPCG(5, 6))
+	l := make([]float32, n)
+	for i := range l {
+		l[i] = float32(r.NormFloat64()) * 2.5
+	}
+	for i := 0; i < 20; i++ {
+		l[r.IntN(n)] = 15 + 10*r.Float32()
+	}
+	return l
+}
+
+func BenchmarkSample128k(b *testing.B) { benchSample(b, benchLogits(128256)) }
+
+func BenchmarkSample128kLLM(b *testing.B) { benchSample(b, llmLogits(128256)) }
+
+func benchSample(b *testing.B, logits []float32) {
 	buf := make([]float32, len(logits))
 	hist := make([]int32, 512)
 	for i := range hist {
@@ -491,11 +510,11 @@ func TestExpNegShiftMatches(t *testing.T) {
 	r := rand.New(rand.NewPCG(9, 9))
 	src := make([]float32, 10000)
 	for i := range src {
-		src[i] = float32(r.NormFloat64() * 200)
+		src[i] = float32(r.NormFloat64() * 30)
 	}
 	src[3] = float32(math.NaN())
 	src[4] = float32(math.Inf(-1))
-	m := float32(300)
+	m := float32(60)
 	dst := make([]float64, len(src))
 	sum := expNegShift(dst, src, m)
 	var acc [4]float64
