@@ -359,7 +359,8 @@ func (s *Sampler) applyPenalties(logits []float32, history []int32) {
 				l /= p.RepetitionPenalty
 			}
 		}
-		l -= float32(s.counts[id])*p.FrequencyPenalty + p.PresencePenalty
+		// explicit rounding: no FMA fusion, same result on every platform
+		l -= float32(float32(s.counts[id])*p.FrequencyPenalty) + p.PresencePenalty
 		logits[id] = l
 		s.counts[id] = 0
 	}
