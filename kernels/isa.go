@@ -46,6 +46,7 @@ var packedOn bool
 func setGeneric() {
 	packedOn = false
 	matMul = MatMulRef
+	matMulN = MatMulNRef
 	rmsNorm = RMSNormRef
 	softmax = SoftmaxRef
 	siluMul = SiLUMulRef

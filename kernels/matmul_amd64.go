@@ -27,12 +27,36 @@ func setSIMD(name string) {
 	case "avx512":
 		packedOn = true
 		matMul = matMulAVX512
+		matMulN = matMulNAVX512
 		setFloatAVX512()
 		setOpsAVX512()
 	}
 }
 
 var actPool = sync.Pool{New: func() any { return new(actBuf) }}
+
+// mmJob is one packed matrix product of a (possibly shared) parallel region.
+type mmJob struct {
+	w   *Matrix
+	pk  *packed
+	a   *actBuf
+	out []float32
+	fns *[9]gemmKernel
+}
+
+func kernelsFor(k packKind) *[9]gemmKernel {
+	switch k {
+	case packQ8C:
+		return &gemmQ8CFns
+	case packQ4C:
+		return &gemmQ4CFns
+	case packQ4SM:
+		return &gemmQ4SMFns
+	case packQ8S16:
+		return &gemmQ8S16_Fns
+	}
+	return &gemmSM16_Fns
+}
 
 func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	pk := w.packedOf()
@@ -48,39 +72,83 @@ func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	a := actPool.Get().(*actBuf)
 	defer actPool.Put(a)
 	quantizeActs(p, pk, x, batch, w.Cols, a)
+	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind)}}
+	runJobs(p, jobs[:], batch)
+}
 
-	var fns *[9]gemmKernel
-	switch pk.kind {
-	case packQ8C:
-		fns = &gemmQ8CFns
-	case packQ4C:
-		fns = &gemmQ4CFns
-	case packQ4SM:
-		fns = &gemmQ4SMFns
-	case packQ8S16:
-		fns = &gemmQ8S16_Fns
-	default:
-		fns = &gemmSM16_Fns
+// matMulNAVX512 quantizes x once per activation format and runs all the
+// packed products in one parallel region (one hand-off, balanced across
+// matrices); float matrices go one by one.
+func matMulNAVX512(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
+	if batch <= 0 {
+		return
 	}
-	cols, rows, nb := w.Cols, w.Rows, pk.nb
+	var jobs []mmJob
+	var bufs []*actBuf
+	var sigs []*packed
+	defer func() {
+		for _, a := range bufs {
+			actPool.Put(a)
+		}
+	}()
+	for i, w := range ws {
+		pk := w.packedOf()
+		if pk.kind == packNone {
+			matMulFloatAVX512(p, w, x, outs[i], batch)
+			continue
+		}
+		_ = x[batch*w.Cols-1]
+		_ = outs[i][batch*w.Rows-1]
+		var a *actBuf
+		for j, s := range sigs {
+			if s.act == pk.act && s.block == pk.block && s.k == pk.k {
+				a = bufs[j]
+			}
+		}
+		if a == nil {
+			a = actPool.Get().(*actBuf)
+			quantizeActs(p, pk, x, batch, w.Cols, a)
+			bufs = append(bufs, a)
+			sigs = append(sigs, pk)
+		}
+		jobs = append(jobs, mmJob{w, pk, a, outs[i], kernelsFor(pk.kind)})
+	}
+	if len(jobs) > 0 {
+		runJobs(p, jobs, batch)
+	}
+}
+
+func runJobs(p *Pool, jobs []mmJob, batch int) {
+	total := 0
+	for _, j := range jobs {
+		total += j.pk.groups
+	}
 	tiles := (batch + actTile - 1) / actTile
 	// Tiles of activations per pass over the weights: enough to reuse each
 	// packed group from L1/L2 many times, few enough that the activation
 	// chunk stays in L2.
-	chunk := max(1, (256<<10)/(cols*actTile+1))
-	p.For(pk.groups, 1, func(lo, hi int) {
+	chunk := max(1, (256<<10)/(jobs[0].w.Cols*actTile+1))
+	p.For(total, 1, func(lo, hi int) {
 		var tmp [actTile * 16]float32
 		for t0 := 0; t0 < tiles; t0 += chunk {
 			t1 := min(tiles, t0+chunk)
-			for g := lo; g < hi; g++ {
-				wp := &pk.data[g*pk.groupBytes]
+			ji, base := 0, 0
+			for u := lo; u < hi; u++ {
+				for u-base >= jobs[ji].pk.groups {
+					base += jobs[ji].pk.groups
+					ji++
+				}
+				j := &jobs[ji]
+				g := u - base
+				cols, rows, nb := j.w.Cols, j.w.Rows, j.pk.nb
+				wp := &j.pk.data[g*j.pk.groupBytes]
 				nr := min(16, rows-g*16)
 				for t := t0; t < t1; t++ {
 					r0 := t * actTile
 					nt := min(actTile, batch-r0)
-					fns[nt](wp, &a.q[r0*cols], &a.st[r0*nb*2], &tmp[0], nb)
+					j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], nb)
 					for n := 0; n < nt; n++ {
-						copy(out[(r0+n)*rows+g*16:(r0+n)*rows+g*16+nr], tmp[16*n:16*n+nr])
+						copy(j.out[(r0+n)*rows+g*16:(r0+n)*rows+g*16+nr], tmp[16*n:16*n+nr])
 					}
 				}
 			}

@@ -207,3 +207,36 @@ func TestQuantizeActsISA(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulN: the shared-input product gives exactly what separate MatMul
+// calls give, with mixed weight types.
+func TestMatMulN(t *testing.T) { forEachISA(t, testMatMulN) }
+
+func testMatMulN(t *testing.T) {
+	r := rand.New(rand.NewPCG(15, 16))
+	pool := NewPool(2)
+	defer pool.Close()
+	const cols = 512
+	var ws []*Matrix
+	for i, typ := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.F16, quant.Q8_0, quant.Q6_K} {
+		m, _ := randMatrix(t, r, typ, 17+16*i, cols)
+		ws = append(ws, m)
+	}
+	for _, batch := range []int{1, 2, 9, 17} {
+		x := randF32(r, batch*cols)
+		outs := make([][]float32, len(ws))
+		for i, w := range ws {
+			outs[i] = make([]float32, batch*w.Rows)
+		}
+		MatMulN(pool, ws, x, outs, batch)
+		for i, w := range ws {
+			want := make([]float32, batch*w.Rows)
+			MatMul(pool, w, x, want, batch)
+			for k := range want {
+				if outs[i][k] != want[k] {
+					t.Fatalf("batch %d matrix %d (%s) out[%d] = %g, want %g", batch, i, w.Type, k, outs[i][k], want[k])
+				}
+			}
+		}
+	}
+}

@@ -13,6 +13,23 @@ func MatMul(p *Pool, w *Matrix, x, out []float32, batch int) {
 	matMul(p, w, x, out, batch)
 }
 
+// MatMulN computes outs[i] = MatMul(ws[i], x) for matrices that share the
+// input (attention Q, K and V; FFN gate and up): the activations are
+// quantized once per format and all products run in one parallel region.
+// All matrices must have x's width (Cols).
+func MatMulN(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
+	matMulN(p, ws, x, outs, batch)
+}
+
+// MatMulNRef is MatMulN as a loop over MatMul.
+func MatMulNRef(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
+	for i, w := range ws {
+		MatMul(p, w, x, outs[i], batch)
+	}
+}
+
+var matMulN = MatMulNRef
+
 // matMul is replaced by SIMD versions where the CPU allows.
 var matMul = MatMulRef
 
