@@ -119,6 +119,9 @@ func makePlan(in string, o *QuantizeOptions) (*source, *fileType, []plannedTenso
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	for _, w := range src.warnings {
+		o.warn("%s", w)
+	}
 	plan, err := planTensors(src, ft, pure, o)
 	if err != nil {
 		src.Close()

@@ -44,6 +44,8 @@ type source struct {
 	kv      []gguf.KV
 	tensors []*srcTensor
 	closers []io.Closer
+	// warnings for the caller to pass on (a tokenizer left out, …).
+	warnings []string
 }
 
 func (s *source) Close() error {
@@ -158,6 +160,18 @@ func openSource(path, tok string) (*source, error) {
 		if err := s.useTokenizer(tok); err != nil {
 			s.Close()
 			return nil, err
+		}
+	} else if st.IsDir() {
+		// An HF checkpoint usually carries its tokenizer.json; use it when
+		// it converts, and say why not otherwise.
+		for _, name := range []string{"tokenizer.json", "tokenizer.json.gz"} {
+			if _, err := os.Stat(filepath.Join(path, name)); err != nil {
+				continue
+			}
+			if err := s.useTokenizer(path); err != nil {
+				s.warnings = append(s.warnings, fmt.Sprintf("no tokenizer metadata written (%v); load the model with a separate tokenizer", err))
+			}
+			break
 		}
 	}
 	return s, nil
@@ -579,7 +593,8 @@ func unpermute(data []byte, rowBytes, rows, heads int) []byte {
 // --- tokenizers ---
 
 // tokenizerKV reads the tokenizer.* metadata of a GGUF file, or builds it
-// from a llama2.c tokenizer.bin.
+// from a llama2.c tokenizer.bin or a Hugging Face tokenizer.json (or the
+// directory holding it).
 func tokenizerKV(path string) ([]gguf.KV, error) {
 	if hasMagic(path, gguf.Magic) {
 		f, err := gguf.Open(path)
@@ -599,12 +614,15 @@ func tokenizerKV(path string) ([]gguf.KV, error) {
 		}
 		return out, nil
 	}
+	if st, err := os.Stat(path); err == nil && st.IsDir() {
+		return hfTokenizerKV(path)
+	}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	if bytes.HasPrefix(bytes.TrimSpace(b), []byte("{")) {
-		return nil, fmt.Errorf("tokenizer.json is not supported here yet; give a GGUF file with the vocabulary or a llama2.c tokenizer.bin")
+	if t := bytes.TrimSpace(b); bytes.HasPrefix(t, []byte("{")) || bytes.HasPrefix(b, []byte{0x1f, 0x8b}) {
+		return hfTokenizerKV(path)
 	}
 	v, err := llama2c.ParseVocab(b)
 	if err != nil {

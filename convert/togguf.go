@@ -3,6 +3,7 @@ package convert
 import (
 	"fmt"
 	"io"
+	"log"
 
 	"pagoda/gguf"
 	"pagoda/quant"
@@ -16,6 +17,9 @@ type ConvertOptions struct {
 	Tokenizer string
 	// Progress, when set, is called after each tensor is written.
 	Progress func(done, total int)
+	// Warn receives warnings (a tokenizer that could not be converted);
+	// nil logs them with the standard logger.
+	Warn func(msg string)
 }
 
 // ToGGUF writes the model at in (a llama2.c checkpoint, a Hugging Face
@@ -36,6 +40,13 @@ func toGGUF(in, out string, o ConvertOptions) error {
 		return err
 	}
 	defer src.Close()
+	for _, msg := range src.warnings {
+		if o.Warn != nil {
+			o.Warn(msg)
+		} else {
+			log.Print("convert: warning: " + msg)
+		}
+	}
 	if err := src.setKV("general.file_type", storedFileType(src.tensors)); err != nil {
 		return err
 	}
