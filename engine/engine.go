@@ -245,7 +245,8 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	out := make(chan Event, 16)
+	// Unbuffered: events wait in the outbox, where they can be merged.
+	out := make(chan Event)
 	req.out = newOutbox()
 	req.arrival = time.Now()
 

@@ -75,6 +75,7 @@ type fakeModel struct {
 	check  bool
 	mu     sync.Mutex
 	steps  []int // tokens per forward
+	seqs   []map[int32]bool
 	fail   error
 }
 
@@ -87,6 +88,11 @@ func fakeConfig() Config {
 func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error) {
 	m.mu.Lock()
 	m.steps = append(m.steps, len(b.Tokens))
+	seen := map[int32]bool{}
+	for _, id := range b.Seq {
+		seen[id] = true
+	}
+	m.seqs = append(m.seqs, seen)
 	fail := m.fail
 	m.mu.Unlock()
 	if fail != nil {
@@ -337,25 +343,44 @@ func TestChunkedPrefillDoesNotStallDecodes(t *testing.T) {
 	fm := &fakeModel{budget: 8, check: true}
 	e := startEngine(t, fm, cfg)
 	rng := rand.New(rand.NewPCG(5, 6))
-	short, err := e.Submit(context.Background(), &Request{Prompt: randPrompt(rng, nil, 3), MaxTokens: 40, IgnoreEOS: true})
+	short, err := e.Submit(context.Background(), &Request{Prompt: randPrompt(rng, nil, 3), MaxTokens: 200, IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-short // decoding has started
+	first := <-short // decoding has started
 	long := &Request{Prompt: randPrompt(rng, nil, 100), MaxTokens: 2, IgnoreEOS: true}
 	lch, err := e.Submit(context.Background(), long)
 	if err != nil {
 		t.Fatal(err)
 	}
-	// While the 100-token prompt is prefilled in chunks (≥ 13 steps), the
-	// short request must get a token every step.
-	var tokens int
-	for range short {
-		tokens++
+	// While the 100-token prompt (sequence 1) is prefilled in chunks
+	// (≥ 13 steps), the short request (sequence 0) must be in every step.
+	tokens := len(first.Tokens)
+	for ev := range short {
+		tokens += len(ev.Tokens)
 	}
 	lr := collect(t, lch, 1)
-	if tokens != 39 {
-		t.Fatalf("short request got %d more tokens, want 39", tokens)
+	if tokens != 200 {
+		t.Fatalf("short request got %d tokens, want 200", tokens)
+	}
+	fm.mu.Lock()
+	lastShort, longSteps := 0, 0
+	for i, s := range fm.seqs {
+		if s[0] {
+			lastShort = i
+		}
+	}
+	for i, s := range fm.seqs[:lastShort] {
+		if s[1] {
+			longSteps++
+			if !s[0] {
+				t.Errorf("step %d ran the long prefill without the decode", i)
+			}
+		}
+	}
+	fm.mu.Unlock()
+	if longSteps < 10 {
+		t.Fatalf("only %d prefill steps overlapped the decode", longSteps)
 	}
 	want := reference(t, []*Request{long})[0]
 	if fmt.Sprint(lr.tokens) != fmt.Sprint(want.tokens) {
@@ -500,20 +525,24 @@ func TestLogprobs(t *testing.T) {
 	cfg.KVBlocks = 64
 	e := startEngine(t, &fakeModel{}, cfg)
 	r := run(t, e, &Request{Prompt: []int32{5, 6, 7}, MaxTokens: 5, IgnoreEOS: true, Logprobs: true, TopLogprobs: 3})
+	n := 0
 	for _, ev := range r.events {
-		if len(ev.Tokens) == 0 {
-			continue
-		}
-		if len(ev.Logprob) != 1 || len(ev.Top) != 1 || len(ev.Top[0]) != 3 {
+		if len(ev.Logprob) != len(ev.Tokens) || len(ev.Top) != len(ev.Tokens) {
 			t.Fatalf("event %+v", ev)
 		}
-		top := ev.Top[0]
-		if top[0].ID != ev.Tokens[0] || top[0].Logprob != ev.Logprob[0] || top[0].Logprob < top[1].Logprob || top[1].Logprob < top[2].Logprob {
-			t.Fatalf("greedy token %d lp %v, top %v", ev.Tokens[0], ev.Logprob[0], top)
+		for k, tok := range ev.Tokens {
+			n++
+			top := ev.Top[k]
+			if len(top) != 3 || top[0].ID != tok || top[0].Logprob != ev.Logprob[k] || top[0].Logprob < top[1].Logprob || top[1].Logprob < top[2].Logprob {
+				t.Fatalf("greedy token %d lp %v, top %v", tok, ev.Logprob[k], top)
+			}
+			if ev.Logprob[k] > 0 || ev.Logprob[k] < -10 {
+				t.Fatalf("logprob %v", ev.Logprob[k])
+			}
 		}
-		if ev.Logprob[0] > 0 || ev.Logprob[0] < -10 {
-			t.Fatalf("logprob %v", ev.Logprob[0])
-		}
+	}
+	if n != 5 {
+		t.Fatalf("%d tokens with logprobs, want 5", n)
 	}
 }
 
@@ -885,5 +914,44 @@ func TestStaticBaseline(t *testing.T) {
 	}
 	if steps[true] != 40 || steps[false] > 25 {
 		t.Fatalf("steps: static %d (want 40), continuous %d (want ≤ 25)", steps[true], steps[false])
+	}
+}
+
+// TestSlowConsumer: a client that reads late gets the same tokens, text
+// and logprobs, merged into fewer events, and never holds up the engine.
+func TestSlowConsumer(t *testing.T) {
+	cfg := fakeConfig()
+	cfg.KVBlocks = 64
+	e := startEngine(t, &fakeModel{}, cfg)
+	r := &Request{Prompt: []int32{7, 8, 9}, MaxTokens: 40, IgnoreEOS: true, Logprobs: true}
+	fast := run(t, e, r)
+	ch, err := e.Submit(context.Background(), r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Other requests run to completion while this one's events pile up.
+	run(t, e, &Request{Prompt: []int32{4}, MaxTokens: 60, IgnoreEOS: true})
+	slow := collect(t, ch, 1)
+	if fmt.Sprint(slow.tokens) != fmt.Sprint(fast.tokens) || slow.text[0] != fast.text[0] {
+		t.Fatalf("slow consumer got %v %q, fast %v %q", slow.tokens, slow.text[0], fast.tokens, fast.text[0])
+	}
+	var lp, lpFast []float32
+	for _, ev := range slow.events {
+		lp = append(lp, ev.Logprob...)
+		if len(ev.Logprob) != len(ev.Tokens) {
+			t.Fatalf("merged event has %d tokens, %d logprobs", len(ev.Tokens), len(ev.Logprob))
+		}
+	}
+	for _, ev := range fast.events {
+		lpFast = append(lpFast, ev.Logprob...)
+	}
+	if fmt.Sprint(lp) != fmt.Sprint(lpFast) {
+		t.Fatal("logprobs differ after merging")
+	}
+	if len(slow.events) > 5 {
+		t.Fatalf("slow consumer got %d events for 40 tokens: nothing merged", len(slow.events))
+	}
+	if slow.events[len(slow.events)-1].Usage == nil {
+		t.Fatal("usage not on the last event")
 	}
 }

@@ -35,7 +35,7 @@ func (o *outbox) pump(ctx context.Context, out chan<- Event) {
 	defer close(out)
 	for {
 		o.mu.Lock()
-		q, closed := o.q, o.closed
+		q, closed := coalesce(o.q), o.closed
 		o.q = nil
 		o.mu.Unlock()
 		for _, ev := range q {
@@ -57,4 +57,29 @@ func (o *outbox) pump(ctx context.Context, out chan<- Event) {
 			return
 		}
 	}
+}
+
+// coalesce merges runs of events of one completion that piled up behind a
+// slow consumer into one event carrying all their tokens, so a lagging
+// client costs one growing event instead of one per token. Only adjacent
+// events merge, which keeps the Usage event last.
+func coalesce(q []Event) []Event {
+	if len(q) < 2 {
+		return q
+	}
+	out := q[:1]
+	for _, ev := range q[1:] {
+		last := &out[len(out)-1]
+		if last.Index != ev.Index || last.Finish != FinishNone || last.Err != nil || last.Usage != nil ||
+			(last.Logprob == nil) != (ev.Logprob == nil) || (last.Top == nil) != (ev.Top == nil) {
+			out = append(out, ev)
+			continue
+		}
+		last.Tokens = append(last.Tokens, ev.Tokens...)
+		last.Text += ev.Text
+		last.Logprob = append(last.Logprob, ev.Logprob...)
+		last.Top = append(last.Top, ev.Top...)
+		last.Finish, last.Err, last.Usage = ev.Finish, ev.Err, ev.Usage
+	}
+	return out
 }
