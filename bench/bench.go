@@ -272,10 +272,6 @@ type streamChunk struct {
 		Delta struct {
 			Content string `json:"content"`
 		} `json:"delta"`
-		Logprobs *struct {
-			Tokens  []string `json:"tokens"`
-			Content []any    `json:"content"`
-		} `json:"logprobs"`
 	} `json:"choices"`
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
@@ -347,12 +343,6 @@ func (c *Config) send(ctx context.Context, p prompt, t0 time.Time) RequestOutput
 					}
 					last = now
 					chunks++
-					n := 1
-					if c0.Logprobs != nil {
-						n = max(len(c0.Logprobs.Tokens)+len(c0.Logprobs.Content), 1)
-					}
-					o.Arrivals = append(o.Arrivals, now.Sub(t0))
-					o.ChunkTokens = append(o.ChunkTokens, n)
 					text.WriteString(piece)
 				}
 			}

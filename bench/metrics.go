@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -21,8 +20,6 @@ type RequestOutput struct {
 	TTFT         time.Duration   // first streamed token − Start
 	ITL          []time.Duration // gaps between streamed token chunks
 	Latency      time.Duration   // last streamed token − Start (vLLM's "latency")
-	Arrivals     []time.Duration // each token chunk, for peak throughput
-	ChunkTokens  []int           // tokens per arrival (1 unless the chunk carried several)
 	End          time.Duration   // response fully read
 	Text         string
 }
@@ -136,13 +133,7 @@ func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond)
 func Compute(outs []RequestOutput, duration time.Duration) *Result {
 	r := &Result{Duration: duration.Seconds()}
 	var ttft, tpot, itl, e2el []float64
-	type ev struct {
-		t     time.Duration
-		delta int
-	}
-	var live []ev
-	var arrivals []time.Duration
-	var arrivalTokens []int
+	var ok []RequestOutput
 	for _, o := range outs {
 		r.InputLens = append(r.InputLens, o.PromptLen)
 		if !o.Success {
@@ -170,15 +161,7 @@ func Compute(outs []RequestOutput, duration time.Duration) *Result {
 			gaps[i] = g.Seconds()
 		}
 		r.ITLs = append(r.ITLs, gaps)
-		live = append(live, ev{o.Start, 1}, ev{o.End, -1})
-		arrivals = append(arrivals, o.Arrivals...)
-		for i := range o.Arrivals {
-			n := 1
-			if i < len(o.ChunkTokens) {
-				n = o.ChunkTokens[i]
-			}
-			arrivalTokens = append(arrivalTokens, n)
-		}
+		ok = append(ok, o)
 	}
 	if duration > 0 {
 		sec := duration.Seconds()
@@ -187,26 +170,7 @@ func Compute(outs []RequestOutput, duration time.Duration) *Result {
 		r.OutputThroughput = float64(r.TotalOutput) / sec
 		r.TotalTokenThroughput = float64(r.TotalInput+r.TotalOutput) / sec
 	}
-	// Peak output throughput: the busiest whole second since the start.
-	perSec := map[int64]int{}
-	for i, a := range arrivals {
-		perSec[int64(a/time.Second)] += arrivalTokens[i]
-	}
-	for _, n := range perSec {
-		r.PeakOutputThroughput = max(r.PeakOutputThroughput, float64(n))
-	}
-	// Peak concurrency: ends sort before starts at the same instant.
-	slices.SortFunc(live, func(a, b ev) int {
-		if a.t != b.t {
-			return cmp.Compare(a.t, b.t)
-		}
-		return a.delta - b.delta
-	})
-	cur := 0
-	for _, e := range live {
-		cur += e.delta
-		r.PeakConcurrent = max(r.PeakConcurrent, cur)
-	}
+	r.PeakOutputThroughput, r.PeakConcurrent = peaks(ok)
 	s := summarize(ttft)
 	r.MeanTTFT, r.MedianTTFT, r.StdTTFT, r.P99TTFT = s.Mean, s.Median, s.Std, s.P99
 	s = summarize(tpot)
@@ -216,6 +180,39 @@ func Compute(outs []RequestOutput, duration time.Duration) *Result {
 	s = summarize(e2el)
 	r.MeanE2EL, r.MedianE2EL, r.StdE2EL, r.P99E2EL = s.Mean, s.Median, s.Std, s.P99
 	return r
+}
+
+// peaks is vLLM's per-second view: whole-second buckets from the first
+// successful start; each streamed chunk counts one token in the bucket it
+// arrived in, and a request counts as concurrent in every bucket from its
+// start to its last token.
+func peaks(ok []RequestOutput) (tokensPerSec float64, concurrent int) {
+	if len(ok) == 0 {
+		return 0, 0
+	}
+	minStart, maxEnd := ok[0].Start, ok[0].Start+ok[0].Latency
+	for _, o := range ok {
+		minStart = min(minStart, o.Start)
+		maxEnd = max(maxEnd, o.Start+o.Latency)
+	}
+	nb := int(math.Ceil((maxEnd - minStart).Seconds())) + 1
+	tokens := make([]int, nb)
+	conc := make([]int, nb)
+	bucket := func(t time.Duration) int { return int((t - minStart) / time.Second) }
+	for _, o := range ok {
+		t := o.Start + o.TTFT
+		tokens[bucket(t)]++
+		for _, g := range o.ITL {
+			t += g
+			if b := bucket(t); b < nb {
+				tokens[b]++
+			}
+		}
+		for b := bucket(o.Start); b <= bucket(o.Start+o.Latency) && b < nb; b++ {
+			conc[b]++
+		}
+	}
+	return float64(slices.Max(tokens)), slices.Max(conc)
 }
 
 // center is Python's '{s:{c}^{n}}' (the extra fill goes right).
