@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"unicode"
 	"unicode/utf8"
 
 	"golang.org/x/text/unicode/norm"
@@ -71,8 +72,9 @@ type hfNode struct {
 	Replacement    string `json:"replacement"`
 	PrependScheme  string `json:"prepend_scheme"`
 	Split          *bool  `json:"split"`
-	// Digits
-	IndividualDigits bool `json:"individual_digits"`
+	// Digits, CharDelimiterSplit
+	IndividualDigits bool   `json:"individual_digits"`
+	Delimiter        string `json:"delimiter"`
 	// Strip decoder / normalizer
 	Start int  `json:"start"`
 	Stop  int  `json:"stop"`
@@ -517,6 +519,29 @@ func hfPreOps(raw json.RawMessage, p *hfPre) ([]hfPreOp, error) {
 			st = preSplit{stage: matchStage{matchClassRun(isN)}}
 		}
 		return []hfPreOp{hfSplitOp(st)}, nil
+	case "Whitespace":
+		// \w+|[^\w\s]+, the rest (white space) removed.
+		word := func(r rune) bool { return isL(r) || isN(r) || isM(r) || unicode.Is(unicode.Pc, r) }
+		other := func(r rune) bool { return !word(r) && !isSpace(r) }
+		m := func(rs []rune, i int) int {
+			if n := runOf(rs, i, word) - i; n > 0 {
+				return n
+			}
+			return runOf(rs, i, other) - i
+		}
+		st := preSplit{stage: matchStage{m}, behavior: splitRemoved, invert: true}
+		return []hfPreOp{hfSplitOp(st)}, nil
+	case "Punctuation":
+		beh, err := hfBehavior(n.Behavior)
+		if err != nil {
+			return nil, err
+		}
+		st := preSplit{stage: matchStage{matchClassOne(func(r rune) bool { return isASCIIPunct(r) || isP(r) })}, behavior: beh}
+		return []hfPreOp{hfSplitOp(st)}, nil
+	case "CharDelimiterSplit":
+		d, _ := utf8.DecodeRuneInString(n.Delimiter)
+		st := preSplit{stage: matchStage{matchClassOne(func(r rune) bool { return r == d })}, behavior: splitRemoved}
+		return []hfPreOp{hfSplitOp(st)}, nil
 	case "WhitespaceSplit":
 		st := preSplit{stage: matchStage{matchClassRun(isSpace)}, behavior: splitRemoved}
 		return []hfPreOp{hfSplitOp(st)}, nil
@@ -795,6 +820,24 @@ func hfTemplateEnds(raw json.RawMessage) (first, last int32) {
 			}
 		}
 		return
+	}
+	if n.Type == "RobertaProcessing" || n.Type == "BertProcessing" {
+		// <s> A </s> / [CLS] A [SEP]: cls and sep are ["text", id].
+		var rp struct {
+			Sep []json.RawMessage `json:"sep"`
+			Cls []json.RawMessage `json:"cls"`
+		}
+		if json.Unmarshal(raw, &rp) != nil {
+			return
+		}
+		id := func(pair []json.RawMessage) int32 {
+			var x int32
+			if len(pair) == 2 && json.Unmarshal(pair[1], &x) == nil && x >= 0 {
+				return x
+			}
+			return -1
+		}
+		return id(rp.Cls), id(rp.Sep)
 	}
 	if n.Type != "TemplateProcessing" {
 		return

@@ -119,6 +119,19 @@ func TestHFSyntheticPreTokenizers(t *testing.T) {
 	if want := []string{"ab", "1", "2", "b", "ab"}; !reflect.DeepEqual(pieces, want) {
 		t.Errorf("pieces %q want %q", pieces, want)
 	}
+	for pre, want := range map[string][]string{
+		`{"type":"Whitespace"}`:                         {"ab12", "!?", "b_a", "ü"},
+		`{"type":"Punctuation","behavior":"Isolated"}`:  {"ab12 ", "!", "?", " b", "_", "a ü"},
+		`{"type":"CharDelimiterSplit","delimiter":"_"}`: {"ab12 !? b", "a ü"},
+	} {
+		tok, err = ParseHF(synthSPMJSON(t, pre), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tok.split("ab12 !? b_a ü", true); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: %q want %q", pre, got, want)
+		}
+	}
 	// An unknown regex that RE2 can compile runs through regexp, with \s
 	// widened to Unicode white space.
 	tok, err = ParseHF(synthSPMJSON(t, `{"type":"Split","pattern":{"Regex":"\\s+"},"behavior":"Removed","invert":false}`), nil)
@@ -198,4 +211,18 @@ func FuzzParseHF(f *testing.F) {
 		}
 		_ = tok.Decode(ids)
 	})
+}
+
+func TestHFRobertaProcessing(t *testing.T) {
+	js := `{"model":{"type":"BPE","vocab":{"<s>":0,"</s>":1,"a":2},"merges":[]},
+		"added_tokens":[{"id":0,"content":"<s>","special":true},{"id":1,"content":"</s>","special":true}],
+		"pre_tokenizer":{"type":"ByteLevel","add_prefix_space":false},
+		"post_processor":{"type":"RobertaProcessing","sep":["</s>",1],"cls":["<s>",0]}}`
+	tok, err := ParseHF([]byte(js), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tok.Encode("aa", Options{AddSpecial: true}); !reflect.DeepEqual(got, []int32{0, 2, 2, 1}) {
+		t.Errorf("got %v", got)
+	}
 }
