@@ -1,6 +1,16 @@
 // Package server is Pagoda's OpenAI-compatible HTTP front end: request
 // validation, chat templating and tokenization through a Backend, SSE
 // streaming, API-key auth, body limits, /metrics and graceful drain.
+//
+// Endpoints: POST /v1/completions, POST /v1/chat/completions, GET
+// /v1/models, POST /tokenize and /detokenize (vLLM's shapes), GET /health,
+// /version and /metrics.
+//
+// Deliberately unsupported (400, naming the field): suffix, echo together
+// with logprobs (prompt logprobs), best_of other than n, response_format
+// other than text, tool_choice other than auto/none, continue_final_message,
+// non-text content parts. Tools reach the chat template only; tool calls in
+// the output are not parsed, they come back as plain content.
 package server
 
 import (
