@@ -31,6 +31,7 @@ type Pool struct {
 	blocks     []blockMeta
 	head, tail int32
 	numFree    int
+	cachedFree int              // free blocks still holding registered content
 	cached     map[uint64]int32 // chain hash → block holding that content
 
 	// Prefix cache counters, in tokens (vLLM counts queries and hits in
@@ -110,6 +111,9 @@ func (p *Pool) alloc() int32 {
 		return none
 	}
 	p.unlink(id)
+	if p.blocks[id].hashed {
+		p.cachedFree--
+	}
 	p.uncache(id)
 	p.blocks[id].ref = 1
 	return id
@@ -134,6 +138,9 @@ func (p *Pool) touch(id int32) {
 	b := &p.blocks[id]
 	if b.inFree {
 		p.unlink(id)
+		if b.hashed {
+			p.cachedFree--
+		}
 	}
 	b.ref++
 }
@@ -152,6 +159,7 @@ func (p *Pool) release(id int32) {
 	}
 	if b.hashed {
 		p.pushBack(id)
+		p.cachedFree++
 	} else {
 		p.pushFront(id)
 	}
@@ -220,6 +228,15 @@ func (p *Pool) Check() error {
 	}
 	if seen != p.numFree {
 		return fmt.Errorf("kvcache: free queue holds %d blocks, counter says %d", seen, p.numFree)
+	}
+	cf := 0
+	for i := range p.blocks {
+		if p.blocks[i].inFree && p.blocks[i].hashed {
+			cf++
+		}
+	}
+	if cf != p.cachedFree {
+		return fmt.Errorf("kvcache: %d cached free blocks, counter says %d", cf, p.cachedFree)
 	}
 	for i := range p.blocks {
 		b := &p.blocks[i]
