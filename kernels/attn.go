@@ -34,7 +34,10 @@ func F32ToBF16Row(dst []uint16, src []float32) { f32ToBF16Row(dst, src) }
 func F16ToF32Row(dst []float32, src []uint16) { f16ToF32Row(dst, src) }
 
 // BF16ToF32Row converts bfloat16 to float32.
-func BF16ToF32Row(dst []float32, src []uint16) {
+func BF16ToF32Row(dst []float32, src []uint16) { bf16ToF32Row(dst, src) }
+
+// BF16ToF32RowRef is the reference bfloat16 → float32 conversion.
+func BF16ToF32RowRef(dst []float32, src []uint16) {
 	src = src[:len(dst)]
 	for i, h := range src {
 		dst[i] = math.Float32frombits(uint32(h) << 16)
@@ -52,6 +55,7 @@ var (
 	axpyBF16     = AxpyBF16Ref
 	f32ToF16Row  = F32ToF16RowRef
 	f16ToF32Row  = F16ToF32RowRef
+	bf16ToF32Row = BF16ToF32RowRef
 	f32ToBF16Row = F32ToBF16RowRef
 )
 

@@ -122,6 +122,12 @@ func testAttnHelpers(t *testing.T) {
 					t.Fatalf("F16ToF32Row n=%d differs at %d", n, i)
 				}
 			}
+			BF16ToF32Row(back, kb)
+			for i := range back {
+				if back[i] != math.Float32frombits(uint32(kb[i])<<16) {
+					t.Fatalf("BF16ToF32Row n=%d differs at %d", n, i)
+				}
+			}
 			a := float32(r.NormFloat64())
 			base := randF32(r, n)
 			for kind := 0; kind < 3; kind++ {

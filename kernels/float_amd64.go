@@ -36,8 +36,16 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	xs := cols * 4
 	// Activation rows per pass: keep the chunk within L2.
 	chunk := max(4, (512<<10)/xs&^3)
+	// With several activation tiles per weight quad, convert the quad's
+	// half-precision rows to float32 once and run the F32 kernel on them:
+	// the conversions otherwise compete with the FMAs for the same ports.
+	convert := w.Type != quant.F32 && batch > 4
 	p.For(quads, 4, func(lo, hi int) {
 		var tmp [16 * 16]float32
+		var wf []float32
+		if convert {
+			wf = make([]float32, 4*cols)
+		}
 		for b0 := 0; b0 < batch; b0 += chunk {
 			b1 := min(batch, b0+chunk)
 			for q := lo; q < hi; q++ {
@@ -52,10 +60,21 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 					}
 					continue
 				}
-				wp := &w.Data[r0*w.RowBytes]
+				wp, ws, kern := &w.Data[r0*w.RowBytes], w.RowBytes, fns
+				if convert {
+					for r := 0; r < 4; r++ {
+						src := unsafe.Slice((*uint16)(unsafe.Pointer(&w.Data[(r0+r)*w.RowBytes])), cols)
+						if w.Type == quant.F16 {
+							F16ToF32Row(wf[r*cols:(r+1)*cols], src)
+						} else {
+							BF16ToF32Row(wf[r*cols:(r+1)*cols], src)
+						}
+					}
+					wp, ws, kern = (*byte)(unsafe.Pointer(&wf[0])), cols*4, &gemmF32Fns
+				}
 				for b := b0; b < b1; b += 4 {
 					n := min(4, b1-b)
-					fns[n](wp, w.RowBytes, &x[b*cols], xs, cols/16, &tmp[0])
+					kern[n](wp, ws, &x[b*cols], xs, cols/16, &tmp[0])
 					for i := 0; i < n; i++ {
 						for r := 0; r < 4; r++ {
 							out[(b+i)*rows+r0+r] = hsum16(tmp[(4*i+r)*16:])

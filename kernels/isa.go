@@ -59,5 +59,6 @@ func setGeneric() {
 	axpyBF16 = AxpyBF16Ref
 	f32ToF16Row = F32ToF16RowRef
 	f16ToF32Row = F16ToF32RowRef
+	bf16ToF32Row = BF16ToF32RowRef
 	f32ToBF16Row = F32ToBF16RowRef
 }

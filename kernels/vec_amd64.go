@@ -22,6 +22,28 @@ func axpyF16AVX512(out *float32, a float32, x unsafe.Pointer, n int)
 //go:noescape
 func axpyBF16AVX512(out *float32, a float32, x unsafe.Pointer, n int)
 
+//go:noescape
+func widenF16AVX512(dst *float32, src unsafe.Pointer, n int)
+
+//go:noescape
+func widenBF16AVX512(dst *float32, src unsafe.Pointer, n int)
+
+func f16ToF32Vec(dst []float32, src []uint16) {
+	if len(dst) == 0 {
+		return
+	}
+	_ = src[len(dst)-1]
+	widenF16AVX512(&dst[0], unsafe.Pointer(&src[0]), len(dst))
+}
+
+func bf16ToF32Vec(dst []float32, src []uint16) {
+	if len(dst) == 0 {
+		return
+	}
+	_ = src[len(dst)-1]
+	widenBF16AVX512(&dst[0], unsafe.Pointer(&src[0]), len(dst))
+}
+
 // The wrappers keep the references' bounds behaviour: the second operand
 // must be at least as long as the first.
 
@@ -80,4 +102,6 @@ func setFloatAVX512() {
 	axpyF32 = axpyF32Vec
 	axpyF16 = axpyF16Vec
 	axpyBF16 = axpyBF16Vec
+	f16ToF32Row = f16ToF32Vec
+	bf16ToF32Row = bf16ToF32Vec
 }

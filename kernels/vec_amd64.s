@@ -212,6 +212,45 @@ done:
 	VZEROUPPER
 	RET
 
+// func widenF16AVX512(dst *float32, src unsafe.Pointer, n int)
+TEXT ·widenF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+loop32:
+	CMPQ CX, $32
+	JLT loop16
+	VCVTPH2PS (SI), Z4
+	VCVTPH2PS 32(SI), Z5
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	ADDQ $128, DI
+	ADDQ $64, SI
+	SUBQ $32, CX
+	JMP loop32
+loop16:
+	CMPQ CX, $16
+	JLT tail
+	VCVTPH2PS (SI), Z4
+	VMOVUPS Z4, (DI)
+	ADDQ $64, DI
+	ADDQ $32, SI
+	SUBQ $16, CX
+	JMP loop16
+tail:
+	TESTQ CX, CX
+	JZ done
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	VMOVDQU16.Z (SI), K1, Y4
+	VCVTPH2PS Y4, Z4
+	VMOVUPS Z4, K1, (DI)
+done:
+	VZEROUPPER
+	RET
+
 // func dotBF16AVX512(a *float32, b unsafe.Pointer, n int) float32
 TEXT ·dotBF16AVX512(SB), NOSPLIT, $0-28
 	MOVQ a+0(FP), SI
@@ -322,6 +361,49 @@ tail:
 	VPSLLD $16, Z4, Z4
 	VMOVUPS.Z (DI), K1, Z5
 	VFMADD213PS Z5, Z31, Z4
+	VMOVUPS Z4, K1, (DI)
+done:
+	VZEROUPPER
+	RET
+
+// func widenBF16AVX512(dst *float32, src unsafe.Pointer, n int)
+TEXT ·widenBF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+loop32:
+	CMPQ CX, $32
+	JLT loop16
+	VPMOVZXWD (SI), Z4
+	VPSLLD $16, Z4, Z4
+	VPMOVZXWD 32(SI), Z5
+	VPSLLD $16, Z5, Z5
+	VMOVUPS Z4, (DI)
+	VMOVUPS Z5, 64(DI)
+	ADDQ $128, DI
+	ADDQ $64, SI
+	SUBQ $32, CX
+	JMP loop32
+loop16:
+	CMPQ CX, $16
+	JLT tail
+	VPMOVZXWD (SI), Z4
+	VPSLLD $16, Z4, Z4
+	VMOVUPS Z4, (DI)
+	ADDQ $64, DI
+	ADDQ $32, SI
+	SUBQ $16, CX
+	JMP loop16
+tail:
+	TESTQ CX, CX
+	JZ done
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	VMOVDQU16.Z (SI), K1, Y4
+	VPMOVZXWD Y4, Z4
+	VPSLLD $16, Z4, Z4
 	VMOVUPS Z4, K1, (DI)
 done:
 	VZEROUPPER
