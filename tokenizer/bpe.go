@@ -12,10 +12,13 @@ import (
 // themselves; the others are moved to U+0100 upwards in byte order.
 var (
 	bpeByteRune [256]rune
-	bpeRuneByte = map[rune]byte{}
+	bpeRuneByte [0x144]int16 // rune -> byte, -1 outside the alphabet
 )
 
 func init() {
+	for i := range bpeRuneByte {
+		bpeRuneByte[i] = -1
+	}
 	n := 0
 	for b := 0; b < 256; b++ {
 		if b >= '!' && b <= '~' || b >= 0xA1 && b <= 0xAC || b >= 0xAE {
@@ -24,7 +27,7 @@ func init() {
 			bpeByteRune[b] = rune(256 + n)
 			n++
 		}
-		bpeRuneByte[bpeByteRune[b]] = byte(b)
+		bpeRuneByte[bpeByteRune[b]] = int16(b)
 	}
 }
 
@@ -34,11 +37,10 @@ func byteLevelDecode(s string) (string, bool) {
 	var sb strings.Builder
 	sb.Grow(len(s))
 	for _, r := range s {
-		b, ok := bpeRuneByte[r]
-		if !ok {
+		if r < 0 || int(r) >= len(bpeRuneByte) || bpeRuneByte[r] < 0 {
 			return "", false
 		}
-		sb.WriteByte(b)
+		sb.WriteByte(byte(bpeRuneByte[r]))
 	}
 	return sb.String(), true
 }

@@ -158,3 +158,20 @@ func TestBPELongWord(t *testing.T) {
 		}
 	}
 }
+
+func TestByteLevelAlphabet(t *testing.T) {
+	var all []byte
+	for b := 0; b < 256; b++ {
+		all = append(all, byte(b))
+	}
+	enc := byteLevelEncode(string(all))
+	if dec, ok := byteLevelDecode(enc); !ok || dec != string(all) {
+		t.Fatalf("decode(encode(all bytes)) failed")
+	}
+	if byteLevelEncode(" \n\t") != "ĠĊĉ" {
+		t.Errorf("space/newline/tab encode as %q", byteLevelEncode(" \n\t"))
+	}
+	if _, ok := byteLevelDecode("<|im_start|>中"); ok {
+		t.Error("text outside the alphabet decoded")
+	}
+}
