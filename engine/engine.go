@@ -36,10 +36,14 @@ type Config struct {
 	DisablePrefixCache bool
 	CacheSalt          uint64 // extra prefix-hash key: engines sharing nothing should differ
 
-	MaxNumBatchedTokens int  // token budget of one step; 0 = 512
-	MaxNumSeqs          int  // sequences in one step; 0 = 64
-	MaxWaiting          int  // requests queued before Submit says ErrQueueFull; 0 = 1024
-	Static              bool // static batching baseline: a batch starts and finishes together
+	MaxNumBatchedTokens int // token budget of one step; 0 = 512
+	MaxNumSeqs          int // sequences in one step; 0 = 64
+	MaxWaiting          int // requests queued before Submit says ErrQueueFull; 0 = 1024
+	// LongPrefillThreshold caps the prefill tokens one request gets in a
+	// step, so several long prompts advance together instead of queueing
+	// behind the first (vLLM's long_prefill_token_threshold); 0 = off.
+	LongPrefillThreshold int
+	Static               bool // static batching baseline: a batch starts and finishes together
 
 	Registry *prometheus.Registry // where the vllm:* metrics go; nil = nowhere
 }
@@ -166,7 +170,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = 1024
 	}
-	if cfg.MaxNumBatchedTokens < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxWaiting < 0 {
+	if cfg.MaxNumBatchedTokens < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxWaiting < 0 || cfg.LongPrefillThreshold < 0 {
 		return nil, fmt.Errorf("engine: negative limits: max_num_batched_tokens %d, max_num_seqs %d, max_waiting %d",
 			cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs, cfg.MaxWaiting)
 	}
@@ -443,7 +447,7 @@ func (e *Engine) schedule() []scheduled {
 		if s.finished || !e.isRunning(s) {
 			continue // preempted as a victim earlier in this loop
 		}
-		n := min(len(s.tokens)-s.numComputed, budget)
+		n := e.chunk(len(s.tokens)-s.numComputed, budget)
 		for !e.kv.CanAllocate(s.id, nil, s.numComputed, s.numComputed+n) {
 			v := e.victim(picked)
 			e.preempt(v)
@@ -477,7 +481,7 @@ func (e *Engine) schedule() []scheduled {
 			hit = e.kv.Lookup(s.tokens, e.cfg.CacheSalt)
 		}
 		from := len(hit) * e.kv.BlockSize()
-		n := min(len(s.tokens)-from, budget)
+		n := e.chunk(len(s.tokens)-from, budget)
 		if !e.kv.Allocate(s.id, hit, from, from+n) {
 			break
 		}
@@ -497,6 +501,15 @@ func (e *Engine) schedule() []scheduled {
 		budget -= n
 	}
 	return out
+}
+
+// chunk is how many of a sequence's remaining tokens fit this step.
+func (e *Engine) chunk(remaining, budget int) int {
+	n := min(remaining, budget)
+	if t := e.cfg.LongPrefillThreshold; t > 0 && n > t {
+		n = t
+	}
+	return n
 }
 
 func (e *Engine) isRunning(s *sequence) bool {

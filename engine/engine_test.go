@@ -955,3 +955,49 @@ func TestSlowConsumer(t *testing.T) {
 		t.Fatal("usage not on the last event")
 	}
 }
+
+// TestLongPrefillThreshold: with the cap, two long prompts prefill side
+// by side; without it the second waits for the first.
+func TestLongPrefillThreshold(t *testing.T) {
+	rng := rand.New(rand.NewPCG(30, 31))
+	reqs := []*Request{
+		{Prompt: randPrompt(rng, nil, 90), MaxTokens: 3, IgnoreEOS: true},
+		{Prompt: randPrompt(rng, nil, 90), MaxTokens: 3, IgnoreEOS: true},
+	}
+	want := reference(t, reqs)
+	for _, thr := range []int{0, 16} {
+		cfg := fakeConfig()
+		cfg.KVBlocks = 64
+		cfg.MaxNumBatchedTokens = 32
+		cfg.LongPrefillThreshold = thr
+		fm := &fakeModel{budget: 32}
+		e, err := New(fm, newFakeTok(), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var chans []<-chan Event
+		for _, r := range reqs {
+			ch, err := e.Submit(context.Background(), r)
+			if err != nil {
+				t.Fatal(err)
+			}
+			chans = append(chans, ch)
+		}
+		e.Start()
+		for i, ch := range chans {
+			if got := collect(t, ch, 1); fmt.Sprint(got.tokens) != fmt.Sprint(want[i].tokens) {
+				t.Fatalf("threshold %d request %d: %v, alone %v", thr, i, got.tokens, want[i].tokens)
+			}
+		}
+		e.Stop(context.Background())
+		both := 0
+		for _, s := range fm.seqs[:3] {
+			if s[0] && s[1] {
+				both++
+			}
+		}
+		if (thr > 0) != (both == 3) {
+			t.Fatalf("threshold %d: %d of the first 3 steps ran both prefills", thr, both)
+		}
+	}
+}
