@@ -448,6 +448,9 @@ func (e *Engine) schedule() []scheduled {
 			continue // preempted as a victim earlier in this loop
 		}
 		n := e.chunk(len(s.tokens)-s.numComputed, budget)
+		if n <= 0 {
+			continue // nothing to compute; cannot happen while the invariant holds
+		}
 		for !e.kv.CanAllocate(s.id, nil, s.numComputed, s.numComputed+n) {
 			v := e.victim(picked)
 			e.preempt(v)
