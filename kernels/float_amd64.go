@@ -12,6 +12,15 @@ import (
 // columns, leaving 4·n vectors of 16 partial sums in out.
 type floatKernel func(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
+// matMulFloat is the float-weight path of the active instruction set.
+func matMulFloat(p *Pool, w *Matrix, x, out []float32, batch int) {
+	if useAVX2 {
+		matMulFloatAVX2(p, w, x, out, batch)
+		return
+	}
+	matMulFloatAVX512(p, w, x, out, batch)
+}
+
 // matMulFloatAVX512 runs F32, F16 and BF16 weights through the 4×n FMA
 // micro-kernels: each weight vector is converted once and used against up to
 // four activation rows held in registers.

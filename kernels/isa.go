@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"fmt"
+	"os"
 	"sync"
 )
 
@@ -39,12 +40,14 @@ func SetISA(name string) error {
 	return fmt.Errorf("kernels: instruction set %q not available (have %v)", name, isaNames)
 }
 
-// packedOn is set while the active kernels use the packed weight layouts.
-var packedOn bool
+// packedOn is set while the active kernels use the packed weight layouts,
+// asmQuant selects the AVX-512 activation quantizers, useAVX2 the AVX2
+// forms of the matmul kernels.
+var packedOn, asmQuant, useAVX2 bool
 
 // setGeneric points every dispatch variable at its reference.
 func setGeneric() {
-	packedOn = false
+	packedOn, asmQuant, useAVX2 = false, false, false
 	matMul = MatMulRef
 	matMulN = MatMulNRef
 	rmsNorm = RMSNormRef
@@ -61,4 +64,13 @@ func setGeneric() {
 	f16ToF32Row = F16ToF32RowRef
 	bf16ToF32Row = BF16ToF32RowRef
 	f32ToBF16Row = F32ToBF16RowRef
+}
+
+// applyEnvISA honours PAGODA_ISA (avx512, avx2, generic) so whole test runs
+// and benchmarks can be repeated on a lesser instruction set. An unknown or
+// unavailable name leaves the best one in place.
+func applyEnvISA() {
+	if v := os.Getenv("PAGODA_ISA"); v != "" {
+		SetISA(v)
+	}
 }

@@ -12,26 +12,42 @@ import (
 // quantized activations, writing 16 sums per tile row to out.
 type gemmKernel func(w *byte, x *int8, st *float32, out *float32, nb int)
 
+// gemmKernel2 is the AVX2 form: one 8-row half of a group, up to 4
+// activation rows of a tile whose blocks are xs bytes (stats ss bytes) apart.
+type gemmKernel2 func(w *byte, x *int8, st *float32, out *float32, nb, half, xs, ss int)
+
 func init() {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && hasF16C() {
+		isaNames = append([]string{"avx2"}, isaNames...)
+	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI {
 		isaNames = append([]string{"avx512"}, isaNames...)
 	}
 	SetISA(isaNames[0])
+	applyEnvISA()
 }
 
 func usesPacked() bool { return packedOn }
 
 func setSIMD(name string) {
-	packedOn = false
 	switch name {
 	case "avx512":
-		packedOn = true
+		packedOn, asmQuant, useAVX2 = true, true, false
 		matMul = matMulAVX512
 		matMulN = matMulNAVX512
 		setFloatAVX512()
 		setOpsAVX512()
+	case "avx2":
+		packedOn, asmQuant, useAVX2 = true, false, true
+		matMul = matMulAVX512
+		matMulN = matMulNAVX512
+		setFloatAVX2()
 	}
 }
+
+// hasF16C: golang.org/x/sys/cpu does not report F16C (CPUID.1:ECX bit 29);
+// every AVX2+FMA x86 CPU shipped has it, and AVX-512 CPUs all do.
+func hasF16C() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }
 
 var actPool = sync.Pool{New: func() any { return new(actBuf) }}
 
@@ -40,8 +56,23 @@ type mmJob struct {
 	w   *Matrix
 	pk  *packed
 	a   *actBuf
-	out []float32
-	fns *[9]gemmKernel
+	out  []float32
+	fns  *[9]gemmKernel
+	fns2 *[5]gemmKernel2
+}
+
+func kernels2For(k packKind) *[5]gemmKernel2 {
+	switch k {
+	case packQ8C:
+		return &gemmQ8C_avx2
+	case packQ4C:
+		return &gemmQ4C_avx2
+	case packQ4SM:
+		return &gemmQ4SM_avx2
+	case packQ8S16:
+		return &gemmQ8S16_avx2
+	}
+	return &gemmSM16_avx2
 }
 
 func kernelsFor(k packKind) *[9]gemmKernel {
@@ -61,7 +92,7 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	pk := w.packedOf()
 	if pk.kind == packNone {
-		matMulFloatAVX512(p, w, x, out, batch)
+		matMulFloat(p, w, x, out, batch)
 		return
 	}
 	if batch <= 0 {
@@ -72,7 +103,7 @@ func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	a := actPool.Get().(*actBuf)
 	defer actPool.Put(a)
 	quantizeActs(p, pk, x, batch, w.Cols, a)
-	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind)}}
+	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind), kernels2For(pk.kind)}}
 	runJobs(p, jobs[:], batch)
 }
 
@@ -94,7 +125,7 @@ func matMulNAVX512(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch i
 	for i, w := range ws {
 		pk := w.packedOf()
 		if pk.kind == packNone {
-			matMulFloatAVX512(p, w, x, outs[i], batch)
+			matMulFloat(p, w, x, outs[i], batch)
 			continue
 		}
 		_ = x[batch*w.Cols-1]
@@ -111,7 +142,7 @@ func matMulNAVX512(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch i
 			bufs = append(bufs, a)
 			sigs = append(sigs, pk)
 		}
-		jobs = append(jobs, mmJob{w, pk, a, outs[i], kernelsFor(pk.kind)})
+		jobs = append(jobs, mmJob{w, pk, a, outs[i], kernelsFor(pk.kind), kernels2For(pk.kind)})
 	}
 	if len(jobs) > 0 {
 		runJobs(p, jobs, batch)
@@ -146,7 +177,16 @@ func runJobs(p *Pool, jobs []mmJob, batch int) {
 				for t := t0; t < t1; t++ {
 					r0 := t * actTile
 					nt := min(actTile, batch-r0)
-					j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], nb)
+					if useAVX2 {
+						bb := cols / nb // activation bytes per row per block
+						for half := 0; half*8 < nr; half++ {
+							for s := 0; s < nt; s += 4 {
+								j.fns2[min(4, nt-s)](wp, &j.a.q[r0*cols+s*bb], &j.a.st[r0*nb*2+s*2], &tmp[s*16+half*8], nb, half, nt*bb, nt*8)
+							}
+						}
+					} else {
+						j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], nb)
+					}
 					for n := 0; n < nt; n++ {
 						copy(j.out[(r0+n)*rows+g*16:(r0+n)*rows+g*16+nr], tmp[16*n:16*n+nr])
 					}

@@ -130,7 +130,7 @@ func testMatMul(t *testing.T) {
 						qb, _ := quant.Quantize(at, x[b*cols:(b+1)*cols])
 						quant.Dequantize(at, qb, xq[b*cols:(b+1)*cols])
 					}
-					integer := ISA() == "avx512" && typ != quant.F32 && typ != quant.F16 && typ != quant.BF16
+					integer := ISA() != "generic" && typ != quant.F32 && typ != quant.F16 && typ != quant.BF16
 					xr := x
 					if integer {
 						xr = xq

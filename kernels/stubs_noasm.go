@@ -4,6 +4,8 @@ package kernels
 
 func setSIMD(string) {}
 
+func init() { applyEnvISA() }
+
 func usesPacked() bool { return false }
 
 func spinPause() {}
