@@ -53,9 +53,9 @@ var actPool = sync.Pool{New: func() any { return new(actBuf) }}
 
 // mmJob is one packed matrix product of a (possibly shared) parallel region.
 type mmJob struct {
-	w   *Matrix
-	pk  *packed
-	a   *actBuf
+	w    *Matrix
+	pk   *packed
+	a    *actBuf
 	out  []float32
 	fns  *[9]gemmKernel
 	fns2 *[5]gemmKernel2
