@@ -17,7 +17,7 @@ type gemmKernel func(w *byte, x *int8, st *float32, out *float32, nb int)
 type gemmKernel2 func(w *byte, x *int8, st *float32, out *float32, nb, half, xs, ss int)
 
 func init() {
-	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && hasF16C() {
+	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C {
 		isaNames = append([]string{"avx2"}, isaNames...)
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI {
@@ -45,9 +45,6 @@ func setSIMD(name string) {
 	}
 }
 
-// hasF16C: golang.org/x/sys/cpu does not report F16C (CPUID.1:ECX bit 29);
-// every AVX2+FMA x86 CPU shipped has it, and AVX-512 CPUs all do.
-func hasF16C() bool { return cpu.X86.HasAVX2 && cpu.X86.HasFMA }
 
 var actPool = sync.Pool{New: func() any { return new(actBuf) }}
 
