@@ -1,12 +1,14 @@
 package tokenizer
 
 import (
+	"fmt"
 	"math/rand"
 	"reflect"
 	"regexp"
 	"strings"
 	"sync"
 	"testing"
+	"unicode"
 	"unicode/utf8"
 )
 
@@ -107,7 +109,7 @@ func refSplit(s string, res []*regexp.Regexp) []string {
 }
 
 // preRefAlphabet mixes the characters the patterns care about.
-var preRefAlphabet = []rune("aZ9 '\t\r\n/.,!sStTdDlLmM½²é\u0301Åǅʰあ中한ッ\u3000\u00a0\u2028😀_-$+<=>^~|`")
+var preRefAlphabet = []rune("aZ9<>IMG:ΩKµ|。…١ '\t\r\n/.,!sStTdDlLmM½²é\u0301Åǅʰあ中한ッ\u3000\u00a0\u2028😀_-$+<=>^~|`")
 
 func randomPreString(r *rand.Rand) string {
 	n := r.Intn(24)
@@ -160,5 +162,146 @@ func FuzzPreVsRegexp(f *testing.F) {
 			return
 		}
 		checkPreRef(t, s)
+	})
+}
+
+// Multi-stage families: every stage but the look-ahead ones (checked
+// above) is a plain regexp; the reference cuts each piece at every match,
+// one stage after another.
+
+type refStage struct {
+	re *regexp.Regexp // nil: use m
+	m  preMatcher
+}
+
+func classOf(t *unicode.RangeTable) string {
+	var sb strings.Builder
+	for _, r := range t.R16 {
+		fmt.Fprintf(&sb, `\x{%X}-\x{%X}`, r.Lo, r.Hi)
+	}
+	for _, r := range t.R32 {
+		fmt.Fprintf(&sb, `\x{%X}-\x{%X}`, r.Lo, r.Hi)
+	}
+	return sb.String()
+}
+
+func refStages(name string) []refStage {
+	re := func(p string) refStage { return refStage{re: regexp.MustCompile(hfTranslateRegex(p))} }
+	gpt2 := refStage{m: matchGPT2}
+	poro := re(` ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{0964}\x{06D4}\x{060C})]+`)
+	cjk := re(`[\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}]+`)
+	switch name {
+	case "deepseek-llm":
+		return []refStage{re(`[\r\n]`), re(`\s?[` + classOf(deepseekLettersTable) + `]+`),
+			re(`\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+`), re(`\s+$`), cjk, re(`\p{N}+`)}
+	case "deepseek-coder":
+		return []refStage{re(`[\r\n]`), re(`\s?\p{L}+`), re(`\s?\p{P}+`), cjk, re(`\p{N}`)}
+	case "deepseek-v3":
+		return []refStage{re(`\p{N}{1,3}`), re(`[\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+`), {m: matchDeepseekV3}}
+	case "falcon":
+		return []refStage{re("[\\p{P}\\$\\+<=>\\^~\\|`]+"), gpt2, re(`[0-9][0-9][0-9]`)}
+	case "default":
+		return []refStage{re(`[\p{P}\$\+<=>\^~\|]+`), gpt2, re(`\p{N}+`), re(`[0-9][0-9][0-9]`)}
+	case "starcoder":
+		return []refStage{re(`\p{N}`), gpt2}
+	case "poro-chat":
+		return []refStage{poro}
+	case "viking":
+		return []refStage{poro, re(`\p{N}`)}
+	case "chameleon":
+		return []refStage{re(`<sentinel:[0-9]+>`), re(`(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z`), re("([\\t\\n]|    |  )"),
+			re(`\p{N}`), re("[\\p{P}!-/:-@\\[-`{-~]"), gpt2}
+	}
+	return nil
+}
+
+func refMulti(s string, stages []refStage) []string {
+	pieces := []string{s}
+	if s == "" {
+		return nil
+	}
+	for _, st := range stages {
+		var next []string
+		for _, p := range pieces {
+			var locs [][]int
+			if st.re != nil {
+				locs = st.re.FindAllStringIndex(p, -1)
+			} else {
+				for _, sp := range (matchStage{st.m}).find([]rune(p), nil) {
+					// rune offsets to byte offsets
+					a := len(string([]rune(p)[:sp.a]))
+					b := len(string([]rune(p)[:sp.b]))
+					locs = append(locs, []int{a, b})
+				}
+			}
+			last := 0
+			for _, l := range locs {
+				if l[0] == l[1] {
+					continue
+				}
+				if l[0] > last {
+					next = append(next, p[last:l[0]])
+				}
+				next = append(next, p[l[0]:l[1]])
+				last = l[1]
+			}
+			if last < len(p) {
+				next = append(next, p[last:])
+			}
+		}
+		pieces = next
+	}
+	return pieces
+}
+
+var refMultiFamilies = []string{"deepseek-llm", "deepseek-coder", "deepseek-v3", "falcon", "default", "starcoder", "poro-chat", "viking", "chameleon"}
+
+func checkPreMulti(t *testing.T, s string) {
+	for _, name := range refMultiFamilies {
+		split, err := PreTokenizer(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := split(s), refMulti(s, refStagesCached(name)); !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s %q:\n got %q\nwant %q", name, s, got, want)
+		}
+	}
+}
+
+var refStagesMemo sync.Map
+
+func refStagesCached(name string) []refStage {
+	if v, ok := refStagesMemo.Load(name); ok {
+		return v.([]refStage)
+	}
+	st := refStages(name)
+	refStagesMemo.Store(name, st)
+	return st
+}
+
+func TestPreMultiStageVsRegexp(t *testing.T) {
+	for _, s := range preSeeds {
+		if utf8.ValidString(s) {
+			checkPreMulti(t, s)
+		}
+	}
+	r := rand.New(rand.NewSource(2))
+	n := 10000
+	if testing.Short() {
+		n = 2000
+	}
+	for i := 0; i < n; i++ {
+		checkPreMulti(t, randomPreString(r))
+	}
+}
+
+func FuzzPreMultiStageVsRegexp(f *testing.F) {
+	for _, s := range preSeeds {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if utf8.ValidString(s) {
+			checkPreMulti(t, s)
+		}
 	})
 }
