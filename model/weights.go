@@ -165,3 +165,16 @@ func f32Bytes(v []float32) []byte {
 	}
 	return b
 }
+
+// Matrices lists every 2-D weight a forward pass reads, each once (the
+// output matrix is left out when it is the tied embedding).
+func (w *Weights) Matrices() []*kernels.Matrix {
+	out := []*kernels.Matrix{w.Embd}
+	for _, l := range w.Layers {
+		out = append(out, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+	}
+	if w.Output != w.Embd {
+		out = append(out, w.Output)
+	}
+	return out
+}

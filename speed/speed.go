@@ -135,17 +135,15 @@ func stats(x []float64) (mean, sd, lo, hi float64) {
 func weightBytes(m *model.Model) (int64, string) {
 	counts := map[string]int64{}
 	var total int64
-	add := func(t string, n int) { counts[t] += int64(n); total += int64(n) }
-	for _, l := range m.W.Layers {
-		add(l.Q.Type.String(), len(l.Q.Data))
-		add(l.K.Type.String(), len(l.K.Data))
-		add(l.V.Type.String(), len(l.V.Data))
-		add(l.O.Type.String(), len(l.O.Data))
-		add(l.Gate.Type.String(), len(l.Gate.Data))
-		add(l.Up.Type.String(), len(l.Up.Data))
-		add(l.Down.Type.String(), len(l.Down.Data))
+	// A decode step reads every matrix but the embedding table, of which it
+	// reads one row (unless the table doubles as the output matrix).
+	for _, w := range m.W.Matrices() {
+		if w == m.W.Embd && m.W.Output != m.W.Embd {
+			continue
+		}
+		counts[w.Type.String()] += int64(len(w.Data))
+		total += int64(len(w.Data))
 	}
-	add(m.W.Output.Type.String(), len(m.W.Output.Data))
 	var names []string
 	for len(counts) > 0 {
 		best, bn := "", int64(-1)

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"pagoda/gguf"
-	"pagoda/kernels"
 	"pagoda/model"
 )
 
@@ -72,15 +71,9 @@ func runInspect(args []string) error {
 	fmt.Fprintf(w, "parameters    %d (%.2f M)\n", c.Params(), float64(c.Params())/1e6)
 	types := map[string]int{}
 	var bytes int64
-	addM := func(m *kernels.Matrix) { types[m.Type.String()]++; bytes += int64(len(m.Data)) }
-	addM(m.W.Embd)
-	for _, l := range m.W.Layers {
-		for _, mm := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
-			addM(mm)
-		}
-	}
-	if !c.TiedOutput {
-		addM(m.W.Output)
+	for _, mm := range m.W.Matrices() {
+		types[mm.Type.String()]++
+		bytes += int64(len(mm.Data))
 	}
 	keys := make([]string, 0, len(types))
 	for k := range types {
