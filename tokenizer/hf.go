@@ -139,6 +139,18 @@ func LoadHF(path string) (Tokenizer, error) {
 	if b, err := os.ReadFile(filepath.Join(dir, "chat_template.jinja")); err == nil {
 		tmpl = string(b)
 	}
+	var head struct {
+		Model struct {
+			Type string `json:"type"`
+		} `json:"model"`
+	}
+	if json.Unmarshal(data, &head) == nil && head.Model.Type == "WordPiece" {
+		t, err := hfWordPiece(data, cfg)
+		if err != nil {
+			return nil, fmt.Errorf("tokenizer: %s: %w", file, err)
+		}
+		return t, nil
+	}
 	t, err := ParseHF(data, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %s: %w", file, err)
