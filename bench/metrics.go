@@ -89,8 +89,11 @@ type Result struct {
 
 	// Server-side figures scraped from /metrics (nil when unavailable):
 	// counters as the change over the run, gauges as read after it.
-	PrefixCacheHitRate *float64           `json:"prefix_cache_hit_rate,omitempty"` // 0..1
-	ServerMetrics      map[string]float64 `json:"server_metrics,omitempty"`
+	PrefixCacheHitRate *float64 `json:"prefix_cache_hit_rate,omitempty"` // 0..1
+	// KVWaste is the share of allocated KV slots that held no token,
+	// averaged over the server's steps during the run (Pagoda servers).
+	KVWaste       *float64           `json:"kv_waste,omitempty"` // 0..1
+	ServerMetrics map[string]float64 `json:"server_metrics,omitempty"`
 }
 
 // percentile is numpy's default (linear interpolation between closest
@@ -267,10 +270,13 @@ func (r *Result) Print(w io.Writer) {
 	section("Time per Output Token (excl. 1st token)", "TPOT", r.MeanTPOT, r.MedianTPOT, r.P99TPOT)
 	section("Inter-token Latency", "ITL", r.MeanITL, r.MedianITL, r.P99ITL)
 	section("End-to-end Latency", "E2EL", r.MeanE2EL, r.MedianE2EL, r.P99E2EL)
-	if r.PrefixCacheHitRate != nil || len(r.ServerMetrics) > 0 {
+	if r.PrefixCacheHitRate != nil || r.KVWaste != nil || len(r.ServerMetrics) > 0 {
 		fmt.Fprintln(w, center("Server Metrics", 50, '-'))
 		if r.PrefixCacheHitRate != nil {
 			row("Prefix cache hit rate (%):", *r.PrefixCacheHitRate*100)
+		}
+		if r.KVWaste != nil {
+			row("KV-cache waste (%):", *r.KVWaste*100)
 		}
 		names := make([]string, 0, len(r.ServerMetrics))
 		for k := range r.ServerMetrics {

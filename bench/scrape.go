@@ -87,6 +87,12 @@ func (r *Result) serverExtras(before, after map[string]float64) {
 		rate := hits / queries
 		r.PrefixCacheHitRate = &rate
 	}
+	filled, okF := delta("pagoda:kv_slots_filled_total")
+	reserved, okR := delta("pagoda:kv_slots_reserved_total")
+	if okF && okR && filled+reserved > 0 {
+		w := reserved / (filled + reserved)
+		r.KVWaste = &w
+	}
 	m := map[string]float64{}
 	for name, v := range after {
 		switch {

@@ -821,4 +821,16 @@ func (e *Engine) publish() {
 	e.m.running.Set(float64(st.Running))
 	e.m.waiting.Set(float64(st.Waiting))
 	e.m.kvUsage.Set(st.KVUsage)
+	if st.KV.Seqs > 0 {
+		e.m.slotsFilled.Add(float64(st.KV.Filled))
+		e.m.slotsReserved.Add(float64(st.KV.Reserved))
+	}
+	if alloc := st.KV.Filled + st.KV.Reserved; alloc > 0 {
+		e.m.wasteRatio.Set(float64(st.KV.Reserved) / float64(alloc))
+	} else {
+		e.m.wasteRatio.Set(0)
+	}
+	e.m.blocks.WithLabelValues("used").Set(float64(st.KV.Used))
+	e.m.blocks.WithLabelValues("free").Set(float64(st.KV.Free - st.KV.CachedFree))
+	e.m.blocks.WithLabelValues("cached").Set(float64(st.KV.CachedFree))
 }
