@@ -776,6 +776,13 @@ func hfSpecials(v *Vocab, f *hfFile, configJSON []byte) error {
 	}
 	// TemplateProcessing says which specials surround a single sequence.
 	first, last := hfTemplateEnds(f.PostProcessor)
+	// Ids from the post-processor come from the file: keep them in range.
+	if int(first) >= len(v.Tokens) {
+		first = -1
+	}
+	if int(last) >= len(v.Tokens) {
+		last = -1
+	}
 	if v.BOS < 0 && first >= 0 {
 		v.BOS = first
 	}

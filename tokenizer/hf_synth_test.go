@@ -197,6 +197,7 @@ func TestHFErrors(t *testing.T) {
 // FuzzParseHF: malformed tokenizer.json must give an error, never a panic.
 func FuzzParseHF(f *testing.F) {
 	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0,"b":1,"ab":2},"merges":["a b"]},"pre_tokenizer":{"type":"ByteLevel"}}`), "abab")
+	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"a":0},"merges":[]},"post_processor":{"type":"RobertaProcessing","sep":["x",7],"cls":["y",9]}}`), "a")
 	f.Add([]byte(`{"model":{"type":"BPE","vocab":{"▁":0,"a":1},"merges":[["▁","a"]],"byte_fallback":true},"pre_tokenizer":{"type":"Metaspace"},"added_tokens":[{"id":5,"content":"<x>","lstrip":true,"rstrip":true}]}`), " a <x> b")
 	f.Fuzz(func(t *testing.T, js []byte, text string) {
 		tok, err := ParseHF(js, nil)

@@ -74,6 +74,12 @@ func hfWordPiece(data, configJSON []byte) (*WordPiece, error) {
 		v.Types[id] = TypeUnknown
 	}
 	cls, sep := hfTemplateEnds(f.PostProcessor)
+	if int(cls) >= size {
+		cls = -1
+	}
+	if int(sep) >= size {
+		sep = -1
+	}
 	v.BOS, v.EOS = cls, sep
 	v.AddBOS, v.AddEOS = cls >= 0, sep >= 0
 	if configJSON != nil {
