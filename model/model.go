@@ -20,6 +20,7 @@ type Model struct {
 	pool    *kernels.Pool
 	ownPool bool
 	matmul  func(p *kernels.Pool, w *kernels.Matrix, x, out []float32, batch int)
+	matmulN func(p *kernels.Pool, ws []*kernels.Matrix, x []float32, outs [][]float32, batch int)
 	freqs   []float32
 	tok     tokenizer.Tokenizer
 	closer  io.Closer
@@ -36,15 +37,29 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), matmul: kernels.MatMul}
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), matmul: kernels.MatMul, matmulN: kernels.MatMulN}
 	if o.Reference {
 		m.matmul = kernels.MatMulRef
+		m.matmulN = func(p *kernels.Pool, ws []*kernels.Matrix, x []float32, outs [][]float32, batch int) {
+			for i, w := range ws {
+				kernels.MatMulRef(p, w, x, outs[i], batch)
+			}
+		}
 	}
 	if o.Pool != nil {
 		m.pool = o.Pool
 	} else {
 		m.pool = kernels.NewPool(o.Threads)
 		m.ownPool = true
+	}
+	if !o.Reference {
+		// Repack into the SIMD layouts now, so the first request does not
+		// pay for it.
+		for _, mat := range w.Matrices() {
+			if mat != w.Embd || c.TiedOutput {
+				kernels.Prepack(m.pool, mat)
+			}
+		}
 	}
 	return m, nil
 }
@@ -134,9 +149,7 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 		for i := 0; i < T; i++ {
 			kernels.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
 		}
-		m.matmul(m.pool, l.Q, s.xn, s.q, T)
-		m.matmul(m.pool, l.K, s.xn, s.k, T)
-		m.matmul(m.pool, l.V, s.xn, s.v, T)
+		m.matmulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
 		for i := 0; i < T; i++ {
 			q, k, v := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd], s.v[i*kvd:(i+1)*kvd]
 			if l.QBias != nil {
@@ -178,8 +191,7 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 		for i := 0; i < T; i++ {
 			kernels.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.FFNNorm, c.RMSEps)
 		}
-		m.matmul(m.pool, l.Gate, s.xn, s.gate, T)
-		m.matmul(m.pool, l.Up, s.xn, s.up, T)
+		m.matmulN(m.pool, []*kernels.Matrix{l.Gate, l.Up}, s.xn, [][]float32{s.gate, s.up}, T)
 		kernels.SiLUMul(s.gate, s.gate, s.up)
 		m.matmul(m.pool, l.Down, s.gate, s.o, T)
 		addTo(s.x, s.o)
