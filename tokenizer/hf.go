@@ -634,25 +634,35 @@ func hfSplitStage(n *hfNode) (preStage, string, error) {
 	return regexpStage{re}, "", nil
 }
 
-// hfTranslateRegex widens \s to Unicode White_Space (Go's \s is ASCII only),
-// the meaning it has in the Oniguruma regexes of HF tokenizers.
+// hfTranslateRegex gives \s, \d and \w the Unicode meaning they have in the
+// Oniguruma regexes of HF tokenizers (Go's are ASCII only): White_Space,
+// \p{Nd}, and letters, marks, decimal digits and connector punctuation.
+// Negated forms inside a class (\S in [...]) are left as they are.
 func hfTranslateRegex(p string) string {
-	const ws = `\t-\r\x{85}\p{Z}`
+	classes := map[byte]string{
+		's': `\t-\r\x{85}\p{Z}`,
+		'd': `\p{Nd}`,
+		'w': `\p{L}\p{M}\p{Nd}\p{Pc}`,
+	}
 	var sb strings.Builder
 	inClass := false
 	for i := 0; i < len(p); i++ {
 		c := p[i]
 		if c == '\\' && i+1 < len(p) {
-			switch {
-			case p[i+1] == 's' && inClass:
-				sb.WriteString(ws)
-			case p[i+1] == 's':
-				sb.WriteString("[" + ws + "]")
-			case p[i+1] == 'S' && !inClass:
-				sb.WriteString("[^" + ws + "]")
-			default:
+			e := p[i+1]
+			lower := e | 0x20
+			if cls, ok := classes[lower]; ok && (e == lower || !inClass) {
+				switch {
+				case inClass:
+					sb.WriteString(cls)
+				case e == lower:
+					sb.WriteString("[" + cls + "]")
+				default:
+					sb.WriteString("[^" + cls + "]")
+				}
+			} else {
 				sb.WriteByte(c)
-				sb.WriteByte(p[i+1])
+				sb.WriteByte(e)
 			}
 			i++
 			continue

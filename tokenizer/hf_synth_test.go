@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"reflect"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -225,5 +226,25 @@ func TestHFRobertaProcessing(t *testing.T) {
 	}
 	if got := tok.Encode("aa", Options{AddSpecial: true}); !reflect.DeepEqual(got, []int32{0, 2, 2, 1}) {
 		t.Errorf("got %v", got)
+	}
+}
+
+func TestHFTranslateRegex(t *testing.T) {
+	cases := map[string]string{
+		`\s+`:       `[\t-\r\x{85}\p{Z}]+`,
+		`[^\s\d]`:   `[^\t-\r\x{85}\p{Z}\p{Nd}]`,
+		`\S\W\D`:    `[^\t-\r\x{85}\p{Z}][^\p{L}\p{M}\p{Nd}\p{Pc}][^\p{Nd}]`,
+		`\\s`:       `\\s`,
+		`[\S]`:      `[\S]`,
+		`a\.b\p{L}`: `a\.b\p{L}`,
+	}
+	for in, want := range cases {
+		if got := hfTranslateRegex(in); got != want {
+			t.Errorf("%s: got %s want %s", in, got, want)
+		}
+	}
+	re := regexp.MustCompile(hfTranslateRegex(`\w+`))
+	if got := re.FindString("¿héllo_١٢"); got != "héllo_١٢" {
+		t.Errorf(`\w+ on Unicode: %q`, got)
 	}
 }
