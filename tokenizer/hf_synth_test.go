@@ -248,3 +248,24 @@ func TestHFTranslateRegex(t *testing.T) {
 		t.Errorf(`\w+ on Unicode: %q`, got)
 	}
 }
+
+func TestHFFastPair(t *testing.T) {
+	cases := []struct {
+		raw, a, b string
+		ok        bool
+	}{
+		{`"Ġ t"`, "Ġ", "t", true},
+		{`"  x"`, " ", "x", true}, // first space after the first byte
+		{"[\n  \"Ġ\",\n  \"Ġ\"\n]", "Ġ", "Ġ", true},
+		{`["a b","c"]`, "a b", "c", true},
+		{`"a\u0020b c"`, "", "", false}, // escapes go through encoding/json
+		{`["a","b","c"]`, "", "", false},
+		{`"ab"`, "", "", false},
+	}
+	for _, c := range cases {
+		a, b, ok := hfFastPair([]byte(c.raw))
+		if ok != c.ok || ok && (a != c.a || b != c.b) {
+			t.Errorf("%s: got %q %q %v", c.raw, a, b, ok)
+		}
+	}
+}
