@@ -76,3 +76,49 @@ func TestHFTokenizerKV(t *testing.T) {
 		})
 	}
 }
+
+// TestToGGUFHFTokenizer: an HF directory's own tokenizer.json is converted
+// when it is byte-level BPE, and left out with a warning otherwise.
+func TestToGGUFHFTokenizer(t *testing.T) {
+	hf := testutil.Shared(t, "models/derived/stories260K-hf")
+	for _, c := range []struct {
+		tok   string
+		model string // "" = no tokenizer metadata, one warning
+	}{
+		{"tokenizers/llama3/tokenizer.json", "gpt2"},
+		{"tokenizers/mistral-7b/tokenizer.json", ""},
+	} {
+		t.Run(c.tok, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, name := range []string{"config.json", "model.safetensors"} {
+				if err := os.Symlink(filepath.Join(hf, name), filepath.Join(dir, name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := os.Symlink(testutil.Shared(t, "models/"+c.tok), filepath.Join(dir, "tokenizer.json")); err != nil {
+				t.Fatal(err)
+			}
+			out := filepath.Join(t.TempDir(), "m.gguf")
+			var warned []string
+			if err := ToGGUF(dir, out, ConvertOptions{Warn: func(s string) { warned = append(warned, s) }}); err != nil {
+				t.Fatal(err)
+			}
+			f := readGGUF(t, out)
+			got, _ := f.String("tokenizer.ggml.model")
+			if got != c.model {
+				t.Errorf("tokenizer.ggml.model %q, want %q", got, c.model)
+			}
+			if (c.model == "") != (len(warned) == 1) || len(warned) > 1 {
+				t.Errorf("warnings %q", warned)
+			}
+			if c.model != "" {
+				if toks, _ := f.Strings("tokenizer.ggml.tokens"); len(toks) != 128256 {
+					t.Errorf("%d tokens, want 128256", len(toks))
+				}
+				if m, _ := f.Strings("tokenizer.ggml.merges"); len(m) != 280147 {
+					t.Errorf("%d merges, want 280147", len(m))
+				}
+			}
+		})
+	}
+}

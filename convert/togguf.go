@@ -47,8 +47,10 @@ func toGGUF(in, out string, o ConvertOptions) error {
 			log.Print("convert: warning: " + msg)
 		}
 	}
-	if err := src.setKV("general.file_type", storedFileType(src.tensors)); err != nil {
-		return err
+	if _, ok := src.get("general.file_type"); !ok {
+		if err := src.setKV("general.file_type", storedFileType(src.tensors)); err != nil {
+			return err
+		}
 	}
 	w := gguf.NewWriter()
 	for _, kv := range src.kv {
