@@ -53,7 +53,8 @@ func TestF16Conversions(t *testing.T) {
 		t.Fatal("known half values wrong")
 	}
 	r := rand.New(rand.NewPCG(1, 2))
-	vals := []float32{65519.99, 65520, 1e-8, 2.9802322e-08, 2.9802326e-08, -3e-5, 0.1, 1.0009765625 / 2}
+	vals := []float32{65519.99, 65520, 1e-8, 2.9802322e-08, 2.9802326e-08, -3e-5, 0.1, 1.0009765625 / 2,
+		float32(math.Inf(1)), float32(math.Inf(-1)), 1e30, -1e30, 6.1035156e-05, 6.1e-05}
 	for i := 0; i < 300; i++ {
 		vals = append(vals, float32(r.NormFloat64()*math.Pow(2, float64(r.IntN(40)-28))))
 	}
@@ -62,6 +63,17 @@ func TestF16Conversions(t *testing.T) {
 			t.Errorf("f32ToF16(%g) = %#04x, want %#04x", v, got, want)
 		}
 	}
+	// The dispatched row conversion (VCVTPS2PH where present) agrees,
+	// subnormals, overflow and odd lengths included.
+	forEachISA(t, func(t *testing.T) {
+		row := make([]uint16, len(vals))
+		F32ToF16Row(row, vals)
+		for i, v := range vals {
+			if row[i] != f32ToF16(v) {
+				t.Errorf("F32ToF16Row(%g) = %#04x, want %#04x", v, row[i], f32ToF16(v))
+			}
+		}
+	})
 	if f32ToBF16(1.00390625) != 0x3f80 || f32ToBF16(1.01171875) != 0x3f82 || f32ToBF16(float32(math.NaN()))&0x7fc0 != 0x7fc0 {
 		t.Fatal("bf16 rounding wrong")
 	}

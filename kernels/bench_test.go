@@ -61,3 +61,57 @@ func BenchmarkMatMul(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkOps covers the vector helpers at model sizes: GB/s of the
+// operands read.
+//
+//	go test -run - -bench Ops ./kernels
+func BenchmarkOps(b *testing.B) {
+	r := rand.New(rand.NewPCG(2, 2))
+	x := randF32(r, 5632)
+	y := randF32(r, 5632)
+	out := make([]float32, 5632)
+	h := make([]uint16, 5632)
+	F32ToF16Row(h, y)
+	run := func(name string, bytes int, f func()) {
+		b.Run(name, func(b *testing.B) {
+			for b.Loop() {
+				f()
+			}
+			b.ReportMetric(float64(bytes)/(b.Elapsed().Seconds()/float64(b.N))/1e9, "GB/s")
+		})
+	}
+	run("DotF32/2048", 2*4*2048, func() { DotF32(x[:2048], y[:2048]) })
+	run("DotF16/64", 64*6, func() { DotF16(x[:64], h[:64]) })
+	run("DotF16/2048", 2048*6, func() { DotF16(x[:2048], h[:2048]) })
+	run("AxpyF16/2048", 2048*10, func() { AxpyF16(out[:2048], 0.5, h[:2048]) })
+	run("RMSNorm/2048", 3*4*2048, func() { RMSNorm(out[:2048], x[:2048], y[:2048], 1e-5) })
+	run("Softmax/512", 4*512, func() { copy(out, x[:512]); Softmax(out[:512]) })
+	run("SiLUMul/5632", 3*4*5632, func() { SiLUMul(out, x, y) })
+	run("RoPE/64", 4*64, func() { RoPE(out[:64], 7, y[:32], false) })
+	run("F32ToF16Row/2048", 6*2048, func() { F32ToF16Row(h[:2048], x[:2048]) })
+}
+
+// BenchmarkPrepack times building the packed layout of the TinyLlama output
+// matrix (32000×2048), the largest one a model loads.
+func BenchmarkPrepack(b *testing.B) {
+	pool := NewPool(0)
+	defer pool.Close()
+	r := rand.New(rand.NewPCG(3, 3))
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_K, quant.Q6_K} {
+		rows, cols := 32000, 2048
+		rb, _ := quant.RowSize(typ, cols)
+		data := make([]byte, rows*rb)
+		row, _ := quant.Quantize(typ, randF32(r, cols))
+		for i := 0; i < rows; i++ {
+			copy(data[i*rb:], row)
+		}
+		b.Run(typ.String(), func(b *testing.B) {
+			for b.Loop() {
+				m, _ := NewMatrix(typ, rows, cols, data)
+				Prepack(pool, m)
+			}
+			b.ReportMetric(float64(rows*rb)/(b.Elapsed().Seconds()/float64(b.N))/1e9, "GB/s")
+		})
+	}
+}

@@ -75,6 +75,8 @@ func (k packKind) tileBytes() int {
 
 var noPack = &packed{kind: packNone}
 
+var le = binary.LittleEndian
+
 // pack builds m's packed layout, or noPack when the type has none.
 func pack(p *Pool, m *Matrix) *packed {
 	var pk packed
@@ -145,9 +147,7 @@ func packRowQ8C(dst, src []byte, r, nb int) {
 		t := dst[b*544 : b*544+544]
 		t[512+2*r], t[513+2*r] = s[0], s[1]
 		for k := 0; k < 8; k++ {
-			for j := 0; j < 4; j++ {
-				t[k*64+r*4+j] = s[2+4*k+j] ^ 0x80
-			}
+			le.PutUint32(t[k*64+r*4:], le.Uint32(s[2+4*k:])^0x80808080)
 		}
 	}
 }
@@ -158,7 +158,7 @@ func packRowQ4C(dst, src []byte, r, nb int) {
 		t := dst[b*288 : b*288+288]
 		t[256+2*r], t[257+2*r] = s[0], s[1]
 		for k := 0; k < 4; k++ {
-			copy(t[k*64+r*4:k*64+r*4+4], s[2+4*k:2+4*k+4])
+			le.PutUint32(t[k*64+r*4:], le.Uint32(s[2+4*k:]))
 		}
 	}
 }
@@ -167,7 +167,7 @@ func packRowSM16(dst []byte, d *smRow, r, nb int) {
 	for b := 0; b < nb; b++ {
 		t := dst[b*384 : b*384+384]
 		for k := 0; k < 4; k++ {
-			copy(t[k*64+r*4:k*64+r*4+4], d.q[16*b+4*k:16*b+4*k+4])
+			le.PutUint32(t[k*64+r*4:], le.Uint32(d.q[16*b+4*k:]))
 		}
 		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[b]))
 		binary.LittleEndian.PutUint32(t[320+4*r:], math.Float32bits(d.m[b]))
@@ -178,7 +178,7 @@ func packRowQ8S16(dst []byte, d *smRow, r, nb int) {
 	for b := 0; b < nb; b++ {
 		t := dst[b*320 : b*320+320]
 		for k := 0; k < 4; k++ {
-			copy(t[k*64+r*4:k*64+r*4+4], d.q[16*b+4*k:16*b+4*k+4])
+			le.PutUint32(t[k*64+r*4:], le.Uint32(d.q[16*b+4*k:]))
 		}
 		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[b]))
 	}
@@ -189,9 +189,7 @@ func packRowQ4SM(dst []byte, d *smRow, r, nb int) {
 		t := dst[b*384 : b*384+384]
 		q := d.q[32*b : 32*b+32]
 		for k := 0; k < 4; k++ {
-			for j := 0; j < 4; j++ {
-				t[k*64+r*4+j] = q[4*k+j] | q[16+4*k+j]<<4
-			}
+			le.PutUint32(t[k*64+r*4:], le.Uint32(q[4*k:])|le.Uint32(q[16+4*k:])<<4)
 		}
 		binary.LittleEndian.PutUint32(t[256+4*r:], math.Float32bits(d.s[2*b]))
 		binary.LittleEndian.PutUint32(t[320+4*r:], math.Float32bits(d.m[2*b]))

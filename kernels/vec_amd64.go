@@ -28,6 +28,17 @@ func widenF16AVX512(dst *float32, src unsafe.Pointer, n int)
 //go:noescape
 func widenBF16AVX512(dst *float32, src unsafe.Pointer, n int)
 
+//go:noescape
+func narrowF16AVX512(dst unsafe.Pointer, src *float32, n int)
+
+func f32ToF16Vec(dst []uint16, src []float32) {
+	if len(dst) == 0 {
+		return
+	}
+	_ = src[len(dst)-1]
+	narrowF16AVX512(unsafe.Pointer(&dst[0]), &src[0], len(dst))
+}
+
 func f16ToF32Vec(dst []float32, src []uint16) {
 	if len(dst) == 0 {
 		return
@@ -103,5 +114,6 @@ func setFloatAVX512() {
 	axpyF16 = axpyF16Vec
 	axpyBF16 = axpyBF16Vec
 	f16ToF32Row = f16ToF32Vec
+	f32ToF16Row = f32ToF16Vec
 	bf16ToF32Row = bf16ToF32Vec
 }

@@ -408,3 +408,30 @@ tail:
 done:
 	VZEROUPPER
 	RET
+
+// func narrowF16AVX512(dst unsafe.Pointer, src *float32, n int)
+TEXT ·narrowF16AVX512(SB), NOSPLIT, $0-24
+	MOVQ dst+0(FP), DI
+	MOVQ src+8(FP), SI
+	MOVQ n+16(FP), CX
+loop16:
+	CMPQ CX, $16
+	JLT tail
+	VMOVUPS (SI), Z4
+	VCVTPS2PH $0, Z4, (DI)
+	ADDQ $64, SI
+	ADDQ $32, DI
+	SUBQ $16, CX
+	JMP loop16
+tail:
+	TESTQ CX, CX
+	JZ done
+	MOVL $1, AX
+	SHLL CX, AX
+	DECL AX
+	KMOVW AX, K1
+	VMOVUPS.Z (SI), K1, Z4
+	VCVTPS2PH $0, Z4, K1, (DI)
+done:
+	VZEROUPPER
+	RET
