@@ -45,7 +45,6 @@ func setSIMD(name string) {
 	}
 }
 
-
 var actPool = sync.Pool{New: func() any { return new(actBuf) }}
 
 // mmJob is one packed matrix product of a (possibly shared) parallel region.
