@@ -22,15 +22,16 @@ type QuantizeOptions struct {
 	Mix string
 	// OutputType and EmbeddingType override the types of output.weight and
 	// token_embd.weight (--output-tensor-type, --token-embedding-type);
-	// 0 leaves them to the mix.
+	// 0 leaves them to the mix (so F32, whose id is 0, cannot be asked for
+	// here).
 	OutputType, EmbeddingType quant.Type
 	// AllowRequantize permits inputs whose tensors are already quantized:
 	// they are dequantized first, which loses more than quantizing the
 	// original weights (llama-quantize --allow-requantize).
 	AllowRequantize bool
-	// Tokenizer names a GGUF file or llama2.c tokenizer.bin whose
-	// vocabulary replaces (or, for llama2.c and HF inputs, supplies) the
-	// tokenizer metadata.
+	// Tokenizer names a GGUF file, llama2.c tokenizer.bin or byte-level
+	// BPE tokenizer.json whose vocabulary replaces (or, for llama2.c and HF
+	// inputs, supplies) the tokenizer metadata.
 	Tokenizer string
 	// Threads quantizing rows in parallel (0 = GOMAXPROCS).
 	Threads int

@@ -195,6 +195,10 @@ func openGGUF(path string) (*source, error) {
 	if err != nil {
 		return nil, err
 	}
+	if n, ok := f.Uint("split.count"); ok && n > 1 {
+		f.Close()
+		return nil, fmt.Errorf("a shard of a %d-file split model; merge it first (llama-gguf-split --merge)", n)
+	}
 	s := &source{kv: f.KV, closers: []io.Closer{f}}
 	for _, t := range f.Tensors {
 		t := t

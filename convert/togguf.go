@@ -11,9 +11,10 @@ import (
 
 // ConvertOptions configure ToGGUF.
 type ConvertOptions struct {
-	// Tokenizer names a GGUF file or llama2.c tokenizer.bin whose
-	// vocabulary is written as the tokenizer.* metadata (llama2.c
-	// checkpoints and HF directories carry none that Pagoda converts).
+	// Tokenizer names a GGUF file, llama2.c tokenizer.bin or byte-level
+	// BPE tokenizer.json whose vocabulary is written as the tokenizer.*
+	// metadata. Without it an HF directory's own tokenizer.json is used
+	// when it converts; llama2.c checkpoints carry no vocabulary.
 	Tokenizer string
 	// Progress, when set, is called after each tensor is written.
 	Progress func(done, total int)
