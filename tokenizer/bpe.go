@@ -119,7 +119,7 @@ func NewBPE(v *Vocab, merges []string) (*BPE, error) {
 		stages, ignore, _ = preFamily("default")
 	}
 	t := &BPE{v: v, byteLevel: true, ignoreMerges: ignore, unk: v.UNK}
-	t.split = func(s string, _ bool) []string { return splitWords(s, stages) }
+	t.split = func(s string, _ bool) []string { return preSplitWords(s, stages) }
 	t.ids = make(map[string]int32, len(v.Tokens))
 	var added []bpeAddedTok
 	for i, s := range v.Tokens {

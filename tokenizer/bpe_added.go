@@ -64,7 +64,7 @@ func newBPEAdded(toks []bpeAddedTok) *bpeAdded {
 	return m
 }
 
-func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
+func bpeIsWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r) }
 
 // split cuts text into plain segments and added tokens (id >= 0), calling
 // emit in order. Only tokens whose normalized flag equals normalized are
@@ -124,12 +124,12 @@ func (m *bpeAdded) ok(t *bpeAddedTok, text string, i int, parseSpecial, normaliz
 	}
 	if t.singleWord {
 		if i > 0 {
-			if r, _ := utf8.DecodeLastRuneInString(text[:i]); isWordRune(r) {
+			if r, _ := utf8.DecodeLastRuneInString(text[:i]); bpeIsWordRune(r) {
 				return false
 			}
 		}
 		if e := i + len(t.text); e < len(text) {
-			if r, _ := utf8.DecodeRuneInString(text[e:]); isWordRune(r) {
+			if r, _ := utf8.DecodeRuneInString(text[e:]); bpeIsWordRune(r) {
 				return false
 			}
 		}

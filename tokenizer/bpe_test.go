@@ -82,7 +82,7 @@ func bpeCompare(t *testing.T, name string, tok Tokenizer, texts []string, want [
 	bad := 0
 	for i, s := range texts {
 		got := tok.Encode(s, Options{ParseSpecial: true})
-		if !equalIDs(got, want[i]) {
+		if !bpeEqualIDs(got, want[i]) {
 			bad++
 			if bad <= 5 {
 				t.Errorf("%s case %d %q:\n got %v\nwant %v", name, i, s, got, want[i])
@@ -95,7 +95,7 @@ func bpeCompare(t *testing.T, name string, tok Tokenizer, texts []string, want [
 	return bad
 }
 
-func equalIDs(a, b []int32) bool {
+func bpeEqualIDs(a, b []int32) bool {
 	if len(a) != len(b) {
 		return false
 	}

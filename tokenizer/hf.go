@@ -383,10 +383,10 @@ func hfNormalizer(raw json.RawMessage) (func(string) string, error) {
 		l, r := n.Left, n.Right
 		return func(s string) string {
 			if l {
-				s = strings.TrimLeftFunc(s, isSpace)
+				s = strings.TrimLeftFunc(s, preIsSpace)
 			}
 			if r {
-				s = strings.TrimRightFunc(s, isSpace)
+				s = strings.TrimRightFunc(s, preIsSpace)
 			}
 			return s
 		}, nil
@@ -480,7 +480,7 @@ func hfPreOps(raw json.RawMessage, p *hfPre) ([]hfPreOp, error) {
 		if useRegex && p.family == "" {
 			p.family = "gpt2"
 		}
-		gpt2 := preSplit{stage: matchStage{matchGPT2}}
+		gpt2 := preSplit{stage: preMatchStage{preMatchGPT2}}
 		return []hfPreOp{func(pieces []string, _ bool) []string {
 			if prefix {
 				for i, s := range pieces {
@@ -509,7 +509,7 @@ func hfPreOps(raw json.RawMessage, p *hfPre) ([]hfPreOp, error) {
 		p.prepends = scheme != "never"
 		doSplit := n.Split == nil || *n.Split
 		r0, _ := utf8.DecodeRuneInString(rep)
-		sep := preSplit{stage: matchStage{matchClassOne(func(r rune) bool { return r == r0 })}, behavior: splitMergedWithNext}
+		sep := preSplit{stage: preMatchStage{preMatchClassOne(func(r rune) bool { return r == r0 })}, behavior: preSplitMergedWithNext}
 		return []hfPreOp{func(pieces []string, atStart bool) []string {
 			for i, s := range pieces {
 				s = strings.ReplaceAll(s, " ", rep)
@@ -526,36 +526,36 @@ func hfPreOps(raw json.RawMessage, p *hfPre) ([]hfPreOp, error) {
 	case "Digits":
 		var st preSplit
 		if n.IndividualDigits {
-			st = preSplit{stage: matchStage{matchClassOne(isN)}}
+			st = preSplit{stage: preMatchStage{preMatchClassOne(preIsN)}}
 		} else {
-			st = preSplit{stage: matchStage{matchClassRun(isN)}}
+			st = preSplit{stage: preMatchStage{preMatchClassRun(preIsN)}}
 		}
 		return []hfPreOp{hfSplitOp(st)}, nil
 	case "Whitespace":
 		// \w+|[^\w\s]+, the rest (white space) removed.
-		word := func(r rune) bool { return isL(r) || isN(r) || isM(r) || unicode.Is(unicode.Pc, r) }
-		other := func(r rune) bool { return !word(r) && !isSpace(r) }
+		word := func(r rune) bool { return preIsL(r) || preIsN(r) || preIsM(r) || unicode.Is(unicode.Pc, r) }
+		other := func(r rune) bool { return !word(r) && !preIsSpace(r) }
 		m := func(rs []rune, i int) int {
-			if n := runOf(rs, i, word) - i; n > 0 {
+			if n := preRunOf(rs, i, word) - i; n > 0 {
 				return n
 			}
-			return runOf(rs, i, other) - i
+			return preRunOf(rs, i, other) - i
 		}
-		st := preSplit{stage: matchStage{m}, behavior: splitRemoved, invert: true}
+		st := preSplit{stage: preMatchStage{m}, behavior: preSplitRemoved, invert: true}
 		return []hfPreOp{hfSplitOp(st)}, nil
 	case "Punctuation":
 		beh, err := hfBehavior(n.Behavior)
 		if err != nil {
 			return nil, err
 		}
-		st := preSplit{stage: matchStage{matchClassOne(func(r rune) bool { return isASCIIPunct(r) || isP(r) })}, behavior: beh}
+		st := preSplit{stage: preMatchStage{preMatchClassOne(func(r rune) bool { return preIsASCIIPunct(r) || preIsP(r) })}, behavior: beh}
 		return []hfPreOp{hfSplitOp(st)}, nil
 	case "CharDelimiterSplit":
 		d, _ := utf8.DecodeRuneInString(n.Delimiter)
-		st := preSplit{stage: matchStage{matchClassOne(func(r rune) bool { return r == d })}, behavior: splitRemoved}
+		st := preSplit{stage: preMatchStage{preMatchClassOne(func(r rune) bool { return r == d })}, behavior: preSplitRemoved}
 		return []hfPreOp{hfSplitOp(st)}, nil
 	case "WhitespaceSplit":
-		st := preSplit{stage: matchStage{matchClassRun(isSpace)}, behavior: splitRemoved}
+		st := preSplit{stage: preMatchStage{preMatchClassRun(preIsSpace)}, behavior: preSplitRemoved}
 		return []hfPreOp{hfSplitOp(st)}, nil
 	}
 	return nil, fmt.Errorf("pre-tokenizer %q not supported", n.Type)
@@ -566,24 +566,24 @@ func hfSplitOp(st preSplit) hfPreOp {
 	return func(pieces []string, _ bool) []string {
 		out := pieces[:0:0]
 		for _, s := range pieces {
-			out = append(out, splitWords(s, stages)...)
+			out = append(out, preSplitWords(s, stages)...)
 		}
 		return out
 	}
 }
 
-func hfBehavior(s string) (splitBehavior, error) {
+func hfBehavior(s string) (preSplitBehavior, error) {
 	switch s {
 	case "Isolated", "":
-		return splitIsolated, nil
+		return preSplitIsolated, nil
 	case "Removed":
-		return splitRemoved, nil
+		return preSplitRemoved, nil
 	case "MergedWithPrevious":
-		return splitMergedWithPrevious, nil
+		return preSplitMergedWithPrevious, nil
 	case "MergedWithNext":
-		return splitMergedWithNext, nil
+		return preSplitMergedWithNext, nil
 	case "Contiguous":
-		return splitContiguous, nil
+		return preSplitContiguous, nil
 	}
 	return 0, fmt.Errorf("split behavior %q not supported", s)
 }
@@ -595,17 +595,17 @@ var hfKnownPatterns = map[string]struct {
 	m      preMatcher
 	family string
 }{
-	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                            {llama3Like{digits: 3}.match, "llama3"},
-	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                                 {llama3Like{digits: 1}.match, "qwen2"},
-	`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`:                                                                     {matchGPT2, "gpt2"},
-	`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`:                                                                         {matchGPT2, "gpt2"},
-	`[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_` + "`" + `{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: {matchDeepseekV3, "deepseek-v3"},
-	`\p{N}{1,3}`:   {matchDigitsUpTo(3), "digits"},
-	`\p{N}`:        {matchClassOne(isN), "digits"},
-	`\p{N}+`:       {matchClassRun(isN), "digits"},
-	`[一-龥぀-ゟ゠-ヿ]+`: {matchClassRun(deepseekV3CJK), ""},
-	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                                                                {caseSplit{digits: 1}.match, "tekken"},
-	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: {caseSplit{digits: 3, contraction: true}.match, "gpt-4o"},
+	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                            {preLlama3Like{digits: 3}.match, "llama3"},
+	`(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                                 {preLlama3Like{digits: 1}.match, "qwen2"},
+	`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+`:                                                                     {preMatchGPT2, "gpt2"},
+	`'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`:                                                                         {preMatchGPT2, "gpt2"},
+	`[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_` + "`" + `{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+`: {preMatchDeepseekV3, "deepseek-v3"},
+	`\p{N}{1,3}`:   {preMatchDigitsUpTo(3), "digits"},
+	`\p{N}`:        {preMatchClassOne(preIsN), "digits"},
+	`\p{N}+`:       {preMatchClassRun(preIsN), "digits"},
+	`[一-龥぀-ゟ゠-ヿ]+`: {preMatchClassRun(preDeepseekV3CJK), ""},
+	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`:                                                                {preCaseSplit{digits: 1}.match, "tekken"},
+	`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+`: {preCaseSplit{digits: 3, contraction: true}.match, "gpt-4o"},
 }
 
 func hfSplitStage(n *hfNode) (preStage, string, error) {
@@ -617,7 +617,7 @@ func hfSplitStage(n *hfNode) (preStage, string, error) {
 		if lit == "" {
 			return nil, "", fmt.Errorf("Split with empty string pattern")
 		}
-		return matchStage{matchLiteral(lit)}, "", nil
+		return preMatchStage{preMatchLiteral(lit)}, "", nil
 	}
 	if n.Pattern.Regex == nil {
 		return nil, "", fmt.Errorf("Split without pattern")
@@ -625,13 +625,13 @@ func hfSplitStage(n *hfNode) (preStage, string, error) {
 	pat := *n.Pattern.Regex
 	key := strings.NewReplacer("\r", `\r`, "\n", `\n`).Replace(pat)
 	if k, ok := hfKnownPatterns[key]; ok {
-		return matchStage{k.m}, k.family, nil
+		return preMatchStage{k.m}, k.family, nil
 	}
 	re, err := regexp.Compile(hfTranslateRegex(pat))
 	if err != nil {
 		return nil, "", fmt.Errorf("Split regex %q not supported: %w", pat, err)
 	}
-	return regexpStage{re}, "", nil
+	return preRegexpStage{re}, "", nil
 }
 
 // hfTranslateRegex gives \s, \d and \w the Unicode meaning they have in the

@@ -11,22 +11,22 @@ import (
 
 func TestSplitBehaviors(t *testing.T) {
 	const s = "the-final--countdown"
-	dash := matchStage{matchLiteral("-")}
-	want := map[splitBehavior][]string{
-		splitRemoved:            {"the", "final", "countdown"},
-		splitIsolated:           {"the", "-", "final", "-", "-", "countdown"},
-		splitMergedWithPrevious: {"the-", "final-", "-", "countdown"},
-		splitMergedWithNext:     {"the", "-final", "-", "-countdown"},
-		splitContiguous:         {"the", "-", "final", "--", "countdown"},
+	dash := preMatchStage{preMatchLiteral("-")}
+	want := map[preSplitBehavior][]string{
+		preSplitRemoved:            {"the", "final", "countdown"},
+		preSplitIsolated:           {"the", "-", "final", "-", "-", "countdown"},
+		preSplitMergedWithPrevious: {"the-", "final-", "-", "countdown"},
+		preSplitMergedWithNext:     {"the", "-final", "-", "-countdown"},
+		preSplitContiguous:         {"the", "-", "final", "--", "countdown"},
 	}
 	for beh, w := range want {
-		got := splitWords(s, []preSplit{{stage: dash, behavior: beh}})
+		got := preSplitWords(s, []preSplit{{stage: dash, behavior: beh}})
 		if !reflect.DeepEqual(got, w) {
 			t.Errorf("behavior %d: got %q want %q", beh, got, w)
 		}
 	}
 	// invert: the matches are kept, each on its own (HF find_matches).
-	got := splitWords(s, []preSplit{{stage: dash, behavior: splitRemoved, invert: true}})
+	got := preSplitWords(s, []preSplit{{stage: dash, behavior: preSplitRemoved, invert: true}})
 	if w := []string{"-", "-", "-"}; !reflect.DeepEqual(got, w) {
 		t.Errorf("invert: got %q want %q", got, w)
 	}

@@ -84,7 +84,7 @@ func TestHFLenmlRefs(t *testing.T) {
 			bad, badSpecial := 0, 0
 			for i, c := range ref.Cases {
 				got := tok.Encode(c.Text, Options{ParseSpecial: true})
-				if !equalIDs(got, c.IDs) {
+				if !bpeEqualIDs(got, c.IDs) {
 					bad++
 					if bad <= 5 {
 						t.Errorf("case %d %q:\n got %v\nwant %v", i, c.Text, got, c.IDs)
@@ -97,7 +97,7 @@ func TestHFLenmlRefs(t *testing.T) {
 					// add <｜begin▁of▁sentence｜>.
 					wantSpecial = append([]int32{0}, wantSpecial...)
 				}
-				if got := tok.Encode(c.Text, Options{ParseSpecial: true, AddSpecial: true}); !equalIDs(got, wantSpecial) {
+				if got := tok.Encode(c.Text, Options{ParseSpecial: true, AddSpecial: true}); !bpeEqualIDs(got, wantSpecial) {
 					badSpecial++
 					if badSpecial <= 2 {
 						t.Errorf("case %d %q with special:\n got %v\nwant %v", i, c.Text, got, wantSpecial)
@@ -148,7 +148,7 @@ func TestHFSpecialTokens(t *testing.T) {
 	}
 	got := l3.Encode("<|start_header_id|>user<|end_header_id|>\n\nHi", Options{AddSpecial: true, ParseSpecial: true})
 	want := []int32{128000, 128006, 882, 128007, 271, 13347}
-	if !equalIDs(got, want) {
+	if !bpeEqualIDs(got, want) {
 		t.Errorf("llama3 chat: got %v want %v", got, want)
 	}
 	// Without ParseSpecial the markers are plain text.
@@ -166,7 +166,7 @@ func TestHFSpecialTokens(t *testing.T) {
 	}
 	got = q.Encode("<|im_start|>user\nhi<think>", Options{AddSpecial: true, ParseSpecial: true})
 	want = []int32{151644, 872, 198, 6023, 151667}
-	if !equalIDs(got, want) {
+	if !bpeEqualIDs(got, want) {
 		t.Errorf("qwen3 chat: got %v want %v", got, want)
 	}
 	// <think> is not special: split out even without ParseSpecial.
@@ -174,7 +174,7 @@ func TestHFSpecialTokens(t *testing.T) {
 		t.Errorf("qwen3 <think> without ParseSpecial: %v", got)
 	}
 	// NFC: a decomposed é encodes like the composed one.
-	if a, b := q.Encode("e\u0301t\u00e9", Options{}), q.Encode("\u00e9t\u00e9", Options{}); !equalIDs(a, b) {
+	if a, b := q.Encode("e\u0301t\u00e9", Options{}), q.Encode("\u00e9t\u00e9", Options{}); !bpeEqualIDs(a, b) {
 		t.Errorf("qwen3 NFC: %v vs %v", a, b)
 	}
 }
@@ -270,7 +270,7 @@ func TestBPEConcurrent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if got := tok.Encode(text, Options{}); !equalIDs(got, want) {
+			if got := tok.Encode(text, Options{}); !bpeEqualIDs(got, want) {
 				t.Error("concurrent encode differs")
 			}
 		}()

@@ -30,10 +30,10 @@ type preStage interface {
 	find(rs []rune, dst []preSpan) []preSpan
 }
 
-// matchStage finds matches by trying a matcher at every position.
-type matchStage struct{ m preMatcher }
+// preMatchStage finds matches by trying a matcher at every position.
+type preMatchStage struct{ m preMatcher }
 
-func (s matchStage) find(rs []rune, dst []preSpan) []preSpan {
+func (s preMatchStage) find(rs []rune, dst []preSpan) []preSpan {
 	for i := 0; i < len(rs); {
 		if n := s.m(rs, i); n > 0 {
 			dst = append(dst, preSpan{i, i + n})
@@ -45,11 +45,11 @@ func (s matchStage) find(rs []rune, dst []preSpan) []preSpan {
 	return dst
 }
 
-// regexpStage finds matches with Go's regexp, for tokenizer.json patterns
+// preRegexpStage finds matches with Go's regexp, for tokenizer.json patterns
 // that have no hand-written matcher and that RE2 can compile.
-type regexpStage struct{ re *regexp.Regexp }
+type preRegexpStage struct{ re *regexp.Regexp }
 
-func (s regexpStage) find(rs []rune, dst []preSpan) []preSpan {
+func (s preRegexpStage) find(rs []rune, dst []preSpan) []preSpan {
 	str := string(rs)
 	locs := s.re.FindAllStringIndex(str, -1)
 	if len(locs) == 0 {
@@ -76,26 +76,26 @@ func (s regexpStage) find(rs []rune, dst []preSpan) []preSpan {
 	return dst
 }
 
-// splitBehavior is HF's SplitDelimiterBehavior.
-type splitBehavior int
+// preSplitBehavior is HF's SplitDelimiterBehavior.
+type preSplitBehavior int
 
 const (
-	splitIsolated splitBehavior = iota
-	splitRemoved
-	splitMergedWithPrevious
-	splitMergedWithNext
-	splitContiguous
+	preSplitIsolated preSplitBehavior = iota
+	preSplitRemoved
+	preSplitMergedWithPrevious
+	preSplitMergedWithNext
+	preSplitContiguous
 )
 
 // preSplit is one stage with what happens to the matches.
 type preSplit struct {
 	stage    preStage
-	behavior splitBehavior
+	behavior preSplitBehavior
 	invert   bool
 }
 
-// runSplits applies the stages in order to rs and returns the final pieces.
-func runSplits(rs []rune, stages []preSplit) []preSpan {
+// preRunSplits applies the stages in order to rs and returns the final pieces.
+func preRunSplits(rs []rune, stages []preSplit) []preSpan {
 	cur := []preSpan{{0, len(rs)}}
 	if len(rs) == 0 {
 		return nil
@@ -105,16 +105,16 @@ func runSplits(rs []rune, stages []preSplit) []preSpan {
 		next = next[:0]
 		for _, f := range cur {
 			ms = st.stage.find(rs[f.a:f.b], ms[:0])
-			next = applyBehavior(next, f.a, f.b-f.a, ms, st.behavior, st.invert)
+			next = preApplyBehavior(next, f.a, f.b-f.a, ms, st.behavior, st.invert)
 		}
 		cur, next = next, cur
 	}
 	return cur
 }
 
-// applyBehavior turns the matches of one fragment (offset off, length n)
+// preApplyBehavior turns the matches of one fragment (offset off, length n)
 // into pieces as HF's NormalizedString::split does.
-func applyBehavior(dst []preSpan, off, n int, ms []preSpan, beh splitBehavior, invert bool) []preSpan {
+func preApplyBehavior(dst []preSpan, off, n int, ms []preSpan, beh preSplitBehavior, invert bool) []preSpan {
 	// Mark every part as match or gap.
 	type part struct {
 		a, b  int
@@ -143,17 +143,17 @@ func applyBehavior(dst []preSpan, off, n int, ms []preSpan, beh splitBehavior, i
 		}
 	}
 	switch beh {
-	case splitIsolated:
+	case preSplitIsolated:
 		for _, p := range parts {
 			emit(p.a, p.b)
 		}
-	case splitRemoved:
+	case preSplitRemoved:
 		for _, p := range parts {
 			if !p.match {
 				emit(p.a, p.b)
 			}
 		}
-	case splitMergedWithPrevious:
+	case preSplitMergedWithPrevious:
 		start := -1
 		for _, p := range parts {
 			if start < 0 {
@@ -167,7 +167,7 @@ func applyBehavior(dst []preSpan, off, n int, ms []preSpan, beh splitBehavior, i
 		if start >= 0 {
 			emit(start, n)
 		}
-	case splitMergedWithNext:
+	case preSplitMergedWithNext:
 		// A match opens a piece that the following gap joins.
 		start := -1
 		for _, p := range parts {
@@ -187,7 +187,7 @@ func applyBehavior(dst []preSpan, off, n int, ms []preSpan, beh splitBehavior, i
 		if start >= 0 {
 			emit(start, n)
 		}
-	case splitContiguous:
+	case preSplitContiguous:
 		for i := 0; i < len(parts); {
 			j := i + 1
 			for j < len(parts) && parts[j].match && parts[i].match {
@@ -203,39 +203,39 @@ func applyBehavior(dst []preSpan, off, n int, ms []preSpan, beh splitBehavior, i
 // Character classes. ASCII takes a fast path; the rest uses the unicode
 // package tables (\p{L} = Lu|Ll|Lt|Lm|Lo, \p{N} = Nd|Nl|No, \s = White_Space).
 
-func isL(r rune) bool {
+func preIsL(r rune) bool {
 	if r < 0x80 {
 		return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z'
 	}
 	return unicode.IsLetter(r)
 }
 
-func isN(r rune) bool {
+func preIsN(r rune) bool {
 	if r < 0x80 {
 		return '0' <= r && r <= '9'
 	}
 	return unicode.IsNumber(r)
 }
 
-func isSpace(r rune) bool {
+func preIsSpace(r rune) bool {
 	if r < 0x80 {
 		return r == ' ' || '\t' <= r && r <= '\r'
 	}
 	return unicode.IsSpace(r)
 }
 
-func isP(r rune) bool { return unicode.IsPunct(r) }
-func isS(r rune) bool { return unicode.IsSymbol(r) }
-func isM(r rune) bool { return r >= 0x300 && unicode.IsMark(r) }
+func preIsP(r rune) bool { return unicode.IsPunct(r) }
+func preIsS(r rune) bool { return unicode.IsSymbol(r) }
+func preIsM(r rune) bool { return r >= 0x300 && unicode.IsMark(r) }
 
-func isCRLF(r rune) bool { return r == '\r' || r == '\n' }
+func preIsCRLF(r rune) bool { return r == '\r' || r == '\n' }
 
-// isOther is [^\s\p{L}\p{N}].
-func isOther(r rune) bool { return !isSpace(r) && !isL(r) && !isN(r) }
+// preIsOther is [^\s\p{L}\p{N}].
+func preIsOther(r rune) bool { return !preIsSpace(r) && !preIsL(r) && !preIsN(r) }
 
-// runUpTo is runOf limited to n runes: {1,n} quantifiers must not scan a
+// preRunUpTo is preRunOf limited to n runes: {1,n} quantifiers must not scan a
 // long run at every position (quadratic on a million digits).
-func runUpTo(rs []rune, i, n int, f func(rune) bool) int {
+func preRunUpTo(rs []rune, i, n int, f func(rune) bool) int {
 	j := i
 	for j < len(rs) && j-i < n && f(rs[j]) {
 		j++
@@ -243,7 +243,7 @@ func runUpTo(rs []rune, i, n int, f func(rune) bool) int {
 	return j
 }
 
-func runOf(rs []rune, i int, f func(rune) bool) int {
+func preRunOf(rs []rune, i int, f func(rune) bool) int {
 	j := i
 	for j < len(rs) && f(rs[j]) {
 		j++
@@ -251,9 +251,9 @@ func runOf(rs []rune, i int, f func(rune) bool) int {
 	return j
 }
 
-// matchContraction matches 's|'t|'re|'ve|'m|'ll|'d (ASCII apostrophe),
+// preMatchContraction matches 's|'t|'re|'ve|'m|'ll|'d (ASCII apostrophe),
 // case-insensitively when ci (the (?i:...) of llama3 and qwen2).
-func matchContraction(rs []rune, i int, ci bool) int {
+func preMatchContraction(rs []rune, i int, ci bool) int {
 	if rs[i] != '\'' || i+1 >= len(rs) {
 		return 0
 	}
@@ -278,37 +278,37 @@ func matchContraction(rs []rune, i int, ci bool) int {
 	return 0
 }
 
-// matchSpaceTail covers the shared tail \s+(?!\S)|\s+: a run of whitespace
+// preMatchSpaceTail covers the shared tail \s+(?!\S)|\s+: a run of whitespace
 // followed by a non-space gives back its last character to the next word.
-func matchSpaceTail(rs []rune, i int) int {
-	if !isSpace(rs[i]) {
+func preMatchSpaceTail(rs []rune, i int) int {
+	if !preIsSpace(rs[i]) {
 		return 0
 	}
-	j := runOf(rs, i, isSpace)
+	j := preRunOf(rs, i, preIsSpace)
 	if j == len(rs) || j-i == 1 {
 		return j - i
 	}
 	return j - i - 1
 }
 
-// matchSpaceNewlines is \s*[\r\n]+: whitespace up to and including the last
+// preMatchSpaceNewlines is \s*[\r\n]+: whitespace up to and including the last
 // newline of the run.
-func matchSpaceNewlines(rs []rune, i int) int {
-	if !isSpace(rs[i]) {
+func preMatchSpaceNewlines(rs []rune, i int) int {
+	if !preIsSpace(rs[i]) {
 		return 0
 	}
-	j := runOf(rs, i, isSpace)
+	j := preRunOf(rs, i, preIsSpace)
 	for k := j - 1; k >= i; k-- {
-		if isCRLF(rs[k]) {
+		if preIsCRLF(rs[k]) {
 			return k + 1 - i
 		}
 	}
 	return 0
 }
 
-// matchGPT2 is 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+.
-func matchGPT2(rs []rune, i int) int {
-	if n := matchContraction(rs, i, false); n > 0 {
+// preMatchGPT2 is 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+.
+func preMatchGPT2(rs []rune, i int) int {
+	if n := preMatchContraction(rs, i, false); n > 0 {
 		return n
 	}
 	s := i
@@ -317,20 +317,20 @@ func matchGPT2(rs []rune, i int) int {
 	}
 	c := rs[s]
 	switch {
-	case isL(c):
-		return runOf(rs, s, isL) - i
-	case isN(c):
-		return runOf(rs, s, isN) - i
-	case isOther(c):
-		return runOf(rs, s, isOther) - i
+	case preIsL(c):
+		return preRunOf(rs, s, preIsL) - i
+	case preIsN(c):
+		return preRunOf(rs, s, preIsN) - i
+	case preIsOther(c):
+		return preRunOf(rs, s, preIsOther) - i
 	}
-	return matchSpaceTail(rs, i)
+	return preMatchSpaceTail(rs, i)
 }
 
-// llama3Like describes the llama3 family of regexes:
+// preLlama3Like describes the llama3 family of regexes:
 // (?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,digits}|
 // ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-type llama3Like struct {
+type preLlama3Like struct {
 	digits int // 3 for llama3, 1 for qwen2
 	// seed-coder: " ?[^\s\p{L}\p{N}\r\n]+" without the trailing newlines.
 	noPunctNewlines bool
@@ -338,122 +338,122 @@ type llama3Like struct {
 	// "\s*[\r\n]+" does: both end at the last newline of the run.
 }
 
-func (c llama3Like) match(rs []rune, i int) int {
-	if n := matchContraction(rs, i, true); n > 0 {
+func (c preLlama3Like) match(rs []rune, i int) int {
+	if n := preMatchContraction(rs, i, true); n > 0 {
 		return n
 	}
 	r := rs[i]
-	if !isCRLF(r) && !isL(r) && !isN(r) && i+1 < len(rs) && isL(rs[i+1]) {
-		return runOf(rs, i+1, isL) - i
+	if !preIsCRLF(r) && !preIsL(r) && !preIsN(r) && i+1 < len(rs) && preIsL(rs[i+1]) {
+		return preRunOf(rs, i+1, preIsL) - i
 	}
-	if isL(r) {
-		return runOf(rs, i, isL) - i
+	if preIsL(r) {
+		return preRunOf(rs, i, preIsL) - i
 	}
-	if isN(r) {
-		return runUpTo(rs, i, c.digits, isN) - i
+	if preIsN(r) {
+		return preRunUpTo(rs, i, c.digits, preIsN) - i
 	}
 	s := i
 	if r == ' ' && i+1 < len(rs) {
 		s = i + 1
 	}
-	if isOther(rs[s]) {
-		j := runOf(rs, s, isOther)
+	if preIsOther(rs[s]) {
+		j := preRunOf(rs, s, preIsOther)
 		if !c.noPunctNewlines {
-			j = runOf(rs, j, isCRLF)
+			j = preRunOf(rs, j, preIsCRLF)
 		}
 		return j - i
 	}
-	if n := matchSpaceNewlines(rs, i); n > 0 {
+	if n := preMatchSpaceNewlines(rs, i); n > 0 {
 		return n
 	}
-	return matchSpaceTail(rs, i)
+	return preMatchSpaceTail(rs, i)
 }
 
-// isPS is [\p{P}\p{S}].
-func isPS(r rune) bool { return isP(r) || isS(r) }
+// preIsPS is [\p{P}\p{S}].
+func preIsPS(r rune) bool { return preIsP(r) || preIsS(r) }
 
-func isASCIIPunct(r rune) bool {
+func preIsASCIIPunct(r rune) bool {
 	return r >= '!' && r <= '/' || r >= ':' && r <= '@' || r >= '[' && r <= '`' || r >= '{' && r <= '~'
 }
 
-func isASCIILetter(r rune) bool { return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' }
+func preIsASCIILetter(r rune) bool { return 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' }
 
-func isLM(r rune) bool { return isL(r) || isM(r) }
+func preIsLM(r rune) bool { return preIsL(r) || preIsM(r) }
 
-// matchDeepseekV3 is the third DeepSeek-V3 regex:
+// preMatchDeepseekV3 is the third DeepSeek-V3 regex:
 // [!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+|
 // ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+
-func matchDeepseekV3(rs []rune, i int) int {
+func preMatchDeepseekV3(rs []rune, i int) int {
 	r := rs[i]
-	if isASCIIPunct(r) && i+1 < len(rs) && isASCIILetter(rs[i+1]) {
-		return runOf(rs, i+1, isASCIILetter) - i
+	if preIsASCIIPunct(r) && i+1 < len(rs) && preIsASCIILetter(rs[i+1]) {
+		return preRunOf(rs, i+1, preIsASCIILetter) - i
 	}
-	if !isCRLF(r) && !isL(r) && !isPS(r) && i+1 < len(rs) && isLM(rs[i+1]) {
-		return runOf(rs, i+1, isLM) - i
+	if !preIsCRLF(r) && !preIsL(r) && !preIsPS(r) && i+1 < len(rs) && preIsLM(rs[i+1]) {
+		return preRunOf(rs, i+1, preIsLM) - i
 	}
-	if isLM(r) {
-		return runOf(rs, i, isLM) - i
+	if preIsLM(r) {
+		return preRunOf(rs, i, preIsLM) - i
 	}
 	s := i
 	if r == ' ' && i+1 < len(rs) {
 		s = i + 1
 	}
-	if isPS(rs[s]) {
-		j := runOf(rs, s, isPS)
-		return runOf(rs, j, isCRLF) - i
+	if preIsPS(rs[s]) {
+		j := preRunOf(rs, s, preIsPS)
+		return preRunOf(rs, j, preIsCRLF) - i
 	}
-	if n := matchSpaceNewlines(rs, i); n > 0 {
+	if n := preMatchSpaceNewlines(rs, i); n > 0 {
 		return n
 	}
-	return matchSpaceTail(rs, i)
+	return preMatchSpaceTail(rs, i)
 }
 
 // Tekken and GPT-4o split upper- and lower-case runs:
 // [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+|
 // [^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*|...
 
-func isUpperish(r rune) bool {
+func preIsUpperish(r rune) bool {
 	if r < 0x80 {
 		return 'A' <= r && r <= 'Z'
 	}
 	return unicode.In(r, unicode.Lu, unicode.Lt, unicode.Lm, unicode.Lo, unicode.M)
 }
 
-func isLowerish(r rune) bool {
+func preIsLowerish(r rune) bool {
 	if r < 0x80 {
 		return 'a' <= r && r <= 'z'
 	}
 	return unicode.In(r, unicode.Ll, unicode.Lm, unicode.Lo, unicode.M)
 }
 
-// upperThenLower is U*L+ at s with backtracking; -1 when it cannot match.
-func upperThenLower(rs []rune, s int) int {
-	u := runOf(rs, s, isUpperish)
+// preUpperThenLower is U*L+ at s with backtracking; -1 when it cannot match.
+func preUpperThenLower(rs []rune, s int) int {
+	u := preRunOf(rs, s, preIsUpperish)
 	for k := u; k >= s; k-- {
-		if k < len(rs) && isLowerish(rs[k]) {
-			return runOf(rs, k, isLowerish)
+		if k < len(rs) && preIsLowerish(rs[k]) {
+			return preRunOf(rs, k, preIsLowerish)
 		}
 	}
 	return -1
 }
 
-// upperPlusLower is U+L* at s; -1 when it cannot match.
-func upperPlusLower(rs []rune, s int) int {
-	u := runOf(rs, s, isUpperish)
+// preUpperPlusLower is U+L* at s; -1 when it cannot match.
+func preUpperPlusLower(rs []rune, s int) int {
+	u := preRunOf(rs, s, preIsUpperish)
 	if u == s {
 		return -1
 	}
-	return runOf(rs, u, isLowerish)
+	return preRunOf(rs, u, preIsLowerish)
 }
 
-type caseSplit struct {
+type preCaseSplit struct {
 	digits      int  // \p{N}{1,digits}
 	contraction bool // gpt-4o: (?i:'s|...)? after each word
 }
 
-func (c caseSplit) match(rs []rune, i int) int {
+func (c preCaseSplit) match(rs []rune, i int) int {
 	r := rs[i]
-	pre := !isCRLF(r) && !isL(r) && !isN(r)
+	pre := !preIsCRLF(r) && !preIsL(r) && !preIsN(r)
 	word := func(f func([]rune, int) int) int {
 		if pre && i+1 < len(rs) {
 			if e := f(rs, i+1); e >= 0 {
@@ -462,40 +462,40 @@ func (c caseSplit) match(rs []rune, i int) int {
 		}
 		return f(rs, i)
 	}
-	e := word(upperThenLower)
+	e := word(preUpperThenLower)
 	if e < 0 {
-		e = word(upperPlusLower)
+		e = word(preUpperPlusLower)
 	}
 	if e > i {
 		if c.contraction && e < len(rs) {
-			e += matchContraction(rs, e, true)
+			e += preMatchContraction(rs, e, true)
 		}
 		return e - i
 	}
-	if isN(r) {
-		return runUpTo(rs, i, c.digits, isN) - i
+	if preIsN(r) {
+		return preRunUpTo(rs, i, c.digits, preIsN) - i
 	}
 	s := i
 	if r == ' ' && i+1 < len(rs) {
 		s = i + 1
 	}
-	if isOther(rs[s]) {
-		j := runOf(rs, s, isOther)
-		return runOf(rs, j, func(r rune) bool { return isCRLF(r) || r == '/' }) - i
+	if preIsOther(rs[s]) {
+		j := preRunOf(rs, s, preIsOther)
+		return preRunOf(rs, j, func(r rune) bool { return preIsCRLF(r) || r == '/' }) - i
 	}
-	if n := matchSpaceNewlines(rs, i); n > 0 {
+	if n := preMatchSpaceNewlines(rs, i); n > 0 {
 		return n
 	}
-	return matchSpaceTail(rs, i)
+	return preMatchSpaceTail(rs, i)
 }
 
 // Simple building blocks for the multi-stage families.
 
-func matchClassRun(f func(rune) bool) preMatcher {
-	return func(rs []rune, i int) int { return runOf(rs, i, f) - i }
+func preMatchClassRun(f func(rune) bool) preMatcher {
+	return func(rs []rune, i int) int { return preRunOf(rs, i, f) - i }
 }
 
-func matchClassOne(f func(rune) bool) preMatcher {
+func preMatchClassOne(f func(rune) bool) preMatcher {
 	return func(rs []rune, i int) int {
 		if f(rs[i]) {
 			return 1
@@ -504,40 +504,40 @@ func matchClassOne(f func(rune) bool) preMatcher {
 	}
 }
 
-// matchDigitsUpTo is \p{N}{1,n}.
-func matchDigitsUpTo(n int) preMatcher {
-	return func(rs []rune, i int) int { return runUpTo(rs, i, n, isN) - i }
+// preMatchDigitsUpTo is \p{N}{1,n}.
+func preMatchDigitsUpTo(n int) preMatcher {
+	return func(rs []rune, i int) int { return preRunUpTo(rs, i, n, preIsN) - i }
 }
 
-// matchOptSpaceRun is \s?[class]+.
-func matchOptSpaceRun(f func(rune) bool) preMatcher {
+// preMatchOptSpaceRun is \s?[class]+.
+func preMatchOptSpaceRun(f func(rune) bool) preMatcher {
 	return func(rs []rune, i int) int {
-		if isSpace(rs[i]) && i+1 < len(rs) && f(rs[i+1]) {
-			return runOf(rs, i+1, f) - i
+		if preIsSpace(rs[i]) && i+1 < len(rs) && f(rs[i+1]) {
+			return preRunOf(rs, i+1, f) - i
 		}
-		return runOf(rs, i, f) - i
+		return preRunOf(rs, i, f) - i
 	}
 }
 
-// matchTrailingSpace is \s+$ within the fragment.
-func matchTrailingSpace(rs []rune, i int) int {
+// preMatchTrailingSpace is \s+$ within the fragment.
+func preMatchTrailingSpace(rs []rune, i int) int {
 	// Inside a run the previous position already failed, and so does
 	// this one; checking that keeps long runs linear.
-	if !isSpace(rs[i]) || i > 0 && isSpace(rs[i-1]) {
+	if !preIsSpace(rs[i]) || i > 0 && preIsSpace(rs[i-1]) {
 		return 0
 	}
-	if j := runOf(rs, i, isSpace); j == len(rs) {
+	if j := preRunOf(rs, i, preIsSpace); j == len(rs) {
 		return j - i
 	}
 	return 0
 }
 
-func inRanges(t *unicode.RangeTable) func(rune) bool {
+func preInRanges(t *unicode.RangeTable) func(rune) bool {
 	return func(r rune) bool { return unicode.Is(t, r) }
 }
 
-// rangeTable builds a table from pairs of inclusive bounds.
-func rangeTable(pairs ...rune) *unicode.RangeTable {
+// preRangeTable builds a table from pairs of inclusive bounds.
+func preRangeTable(pairs ...rune) *unicode.RangeTable {
 	t := &unicode.RangeTable{}
 	for k := 0; k+1 < len(pairs); k += 2 {
 		lo, hi := pairs[k], pairs[k+1]
@@ -555,7 +555,7 @@ var (
 	// ("[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓ...𞤀-𞥃]"), as code points: written as
 	// characters, U+2126 OHM, U+212A KELVIN, U+1FBE, U+1FD3, U+1FDB and
 	// U+1F7D would not survive NFC-normalizing editors.
-	deepseekLettersTable = rangeTable(
+	preDeepseekLettersTable = preRangeTable(
 		0x0041, 0x005A, 0x0061, 0x007A, 0x00B5, 0x00B5, 0x00C0, 0x00D6, 0x00D8, 0x00F6, 0x00F8, 0x01BA,
 		0x01BC, 0x01BF, 0x01C4, 0x0293, 0x0295, 0x02AF, 0x0370, 0x0373, 0x0376, 0x0376, 0x0377, 0x0377,
 		0x037B, 0x037D, 0x037F, 0x037F, 0x0386, 0x0386, 0x0388, 0x038A, 0x038C, 0x038C, 0x038E, 0x03A1,
@@ -572,54 +572,54 @@ var (
 		0xFF21, 0xFF3A, 0xFF41, 0xFF5A, 0x10400, 0x1044F, 0x104B0, 0x104D3, 0x104D8, 0x104FB, 0x10C80, 0x10CB2,
 		0x10CC0, 0x10CF2, 0x118A0, 0x118DF, 0x1E900, 0x1E943,
 	)
-	deepseekLetters = inRanges(deepseekLettersTable)
+	preDeepseekLetters = preInRanges(preDeepseekLettersTable)
 	// [!-/:-~！-／：-～‘-‟　-。]
-	deepseekPunct = inRanges(rangeTable('!', '/', ':', '~', 0x2018, 0x201F, 0x3000, 0x3002, 0xFF01, 0xFF0F, 0xFF1A, 0xFF5E))
+	preDeepseekPunct = preInRanges(preRangeTable('!', '/', ':', '~', 0x2018, 0x201F, 0x3000, 0x3002, 0xFF01, 0xFF0F, 0xFF1A, 0xFF5E))
 	// [一-龥ࠀ-一가-퟿]
-	deepseekCJK = inRanges(rangeTable(0x0800, 0x9FA5, 0xAC00, 0xD7FF))
+	preDeepseekCJK = preInRanges(preRangeTable(0x0800, 0x9FA5, 0xAC00, 0xD7FF))
 	// [一-龥぀-ゟ゠-ヿ]
-	deepseekV3CJK = inRanges(rangeTable(0x3040, 0x309F, 0x30A0, 0x30FF, 0x4E00, 0x9FA5))
+	preDeepseekV3CJK = preInRanges(preRangeTable(0x3040, 0x309F, 0x30A0, 0x30FF, 0x4E00, 0x9FA5))
 )
 
-func isFalconPunct(r rune) bool {
+func preIsFalconPunct(r rune) bool {
 	switch r {
 	case '$', '+', '<', '=', '>', '^', '~', '|', '`':
 		return true
 	}
-	return isP(r)
+	return preIsP(r)
 }
 
-func isDefaultPunct(r rune) bool { return r != '`' && isFalconPunct(r) }
+func preIsDefaultPunct(r rune) bool { return r != '`' && preIsFalconPunct(r) }
 
-func isASCIIDigit(r rune) bool { return '0' <= r && r <= '9' }
+func preIsASCIIDigit(r rune) bool { return '0' <= r && r <= '9' }
 
-// match3Digits is [0-9][0-9][0-9].
-func match3Digits(rs []rune, i int) int {
-	if i+2 < len(rs) && isASCIIDigit(rs[i]) && isASCIIDigit(rs[i+1]) && isASCIIDigit(rs[i+2]) {
+// preMatch3Digits is [0-9][0-9][0-9].
+func preMatch3Digits(rs []rune, i int) int {
+	if i+2 < len(rs) && preIsASCIIDigit(rs[i]) && preIsASCIIDigit(rs[i+1]) && preIsASCIIDigit(rs[i+2]) {
 		return 3
 	}
 	return 0
 }
 
-// matchPoro is " ?[^(\s|.,!?…。，、।۔،)]+".
-func matchPoro(rs []rune, i int) int {
+// preMatchPoro is " ?[^(\s|.,!?…。，、।۔،)]+".
+func preMatchPoro(rs []rune, i int) int {
 	ok := func(r rune) bool {
 		switch r {
 		case '(', '|', ')', '.', ',', '!', '?', '…', '。', '，', '、', '।', '۔', '،':
 			return false
 		}
-		return !isSpace(r)
+		return !preIsSpace(r)
 	}
 	s := i
 	if rs[i] == ' ' && i+1 < len(rs) && ok(rs[i+1]) {
 		s = i + 1
 	}
-	return runOf(rs, s, ok) - i
+	return preRunOf(rs, s, ok) - i
 }
 
 // Chameleon's extra stages.
 
-func matchLiteral(lit string) preMatcher {
+func preMatchLiteral(lit string) preMatcher {
 	l := []rune(lit)
 	return func(rs []rune, i int) int {
 		if i+len(l) > len(rs) {
@@ -634,29 +634,29 @@ func matchLiteral(lit string) preMatcher {
 	}
 }
 
-// matchSentinel is <sentinel:[0-9]+>.
+// preMatchSentinel is <sentinel:[0-9]+>.
 var (
-	matchSentinelPrefix = matchLiteral("<sentinel:")
-	matchIMGIMG         = matchLiteral("IMGIMG")
-	match4Spaces        = matchLiteral("    ")
-	match2Spaces        = matchLiteral("  ")
+	preMatchSentinelPrefix = preMatchLiteral("<sentinel:")
+	preMatchIMGIMG         = preMatchLiteral("IMGIMG")
+	preMatch4Spaces        = preMatchLiteral("    ")
+	preMatch2Spaces        = preMatchLiteral("  ")
 )
 
-func matchSentinel(rs []rune, i int) int {
-	n := matchSentinelPrefix(rs, i)
+func preMatchSentinel(rs []rune, i int) int {
+	n := preMatchSentinelPrefix(rs, i)
 	if n == 0 {
 		return 0
 	}
-	j := runOf(rs, i+n, isASCIIDigit)
+	j := preRunOf(rs, i+n, preIsASCIIDigit)
 	if j == i+n || j >= len(rs) || rs[j] != '>' {
 		return 0
 	}
 	return j + 1 - i
 }
 
-// matchImageTokens is (IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z.
-func matchImageTokens(rs []rune, i int) int {
-	n := matchIMGIMG(rs, i)
+// preMatchImageTokens is (IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z.
+func preMatchImageTokens(rs []rune, i int) int {
+	n := preMatchIMGIMG(rs, i)
 	if n == 0 {
 		return 0
 	}
@@ -673,23 +673,23 @@ func matchImageTokens(rs []rune, i int) int {
 	return 0
 }
 
-// matchChameleonWS is ([\t\n]|    |  ).
-func matchChameleonWS(rs []rune, i int) int {
+// preMatchChameleonWS is ([\t\n]|    |  ).
+func preMatchChameleonWS(rs []rune, i int) int {
 	if rs[i] == '\t' || rs[i] == '\n' {
 		return 1
 	}
-	if n := match4Spaces(rs, i); n > 0 {
+	if n := preMatch4Spaces(rs, i); n > 0 {
 		return n
 	}
-	return match2Spaces(rs, i)
+	return preMatch2Spaces(rs, i)
 }
 
-func isChameleonPunct(r rune) bool { return isASCIIPunct(r) || isP(r) }
+func preIsChameleonPunct(r rune) bool { return preIsASCIIPunct(r) || preIsP(r) }
 
-func isolated(ms ...preMatcher) []preSplit {
+func preIsolated(ms ...preMatcher) []preSplit {
 	out := make([]preSplit, len(ms))
 	for k, m := range ms {
-		out[k] = preSplit{stage: matchStage{m}}
+		out[k] = preSplit{stage: preMatchStage{m}}
 	}
 	return out
 }
@@ -697,47 +697,47 @@ func isolated(ms ...preMatcher) []preSplit {
 // preFamily resolves a llama.cpp tokenizer.ggml.pre name to its stages and
 // whether the family skips merging for words that are whole tokens.
 func preFamily(name string) (stages []preSplit, ignoreMerges bool, err error) {
-	llama3 := llama3Like{digits: 3}.match
-	qwen2 := llama3Like{digits: 1}.match
+	llama3 := preLlama3Like{digits: 3}.match
+	qwen2 := preLlama3Like{digits: 1}.match
 	switch name {
 	case "default", "":
-		return isolated(matchClassRun(isDefaultPunct), matchGPT2, matchClassRun(isN), match3Digits), false, nil
+		return preIsolated(preMatchClassRun(preIsDefaultPunct), preMatchGPT2, preMatchClassRun(preIsN), preMatch3Digits), false, nil
 	case "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2":
-		return isolated(llama3), true, nil
+		return preIsolated(llama3), true, nil
 	case "dbrx", "smaug-bpe", "smaug", "glm4", "chatglm-bpe":
-		return isolated(llama3), false, nil
+		return preIsolated(llama3), false, nil
 	case "deepseek-llm":
-		return isolated(matchClassOne(isCRLF), matchOptSpaceRun(deepseekLetters), matchOptSpaceRun(deepseekPunct),
-			matchTrailingSpace, matchClassRun(deepseekCJK), matchClassRun(isN)), false, nil
+		return preIsolated(preMatchClassOne(preIsCRLF), preMatchOptSpaceRun(preDeepseekLetters), preMatchOptSpaceRun(preDeepseekPunct),
+			preMatchTrailingSpace, preMatchClassRun(preDeepseekCJK), preMatchClassRun(preIsN)), false, nil
 	case "deepseek-coder":
-		return isolated(matchClassOne(isCRLF), matchOptSpaceRun(isL), matchOptSpaceRun(isP),
-			matchClassRun(deepseekCJK), matchClassOne(isN)), false, nil
+		return preIsolated(preMatchClassOne(preIsCRLF), preMatchOptSpaceRun(preIsL), preMatchOptSpaceRun(preIsP),
+			preMatchClassRun(preDeepseekCJK), preMatchClassOne(preIsN)), false, nil
 	case "deepseek-v3", "hunyuan-dense":
-		return isolated(matchDigitsUpTo(3), matchClassRun(deepseekV3CJK), matchDeepseekV3), false, nil
+		return preIsolated(preMatchDigitsUpTo(3), preMatchClassRun(preDeepseekV3CJK), preMatchDeepseekV3), false, nil
 	case "falcon":
-		return isolated(matchClassRun(isFalconPunct), matchGPT2, match3Digits), false, nil
+		return preIsolated(preMatchClassRun(preIsFalconPunct), preMatchGPT2, preMatch3Digits), false, nil
 	case "starcoder", "refact", "command-r", "smollm", "codeshell", "exaone", "minerva-7b":
-		return isolated(matchClassOne(isN), matchGPT2), false, nil
+		return preIsolated(preMatchClassOne(preIsN), preMatchGPT2), false, nil
 	case "gpt2", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0", "mellum",
 		"jina-v1-en", "jina-v2-code", "roberta-bpe", "mpt", "olmo", "jais", "trillion", "granite-docling", "exaone4", "gpt-neox":
-		return isolated(matchGPT2), false, nil
+		return preIsolated(preMatchGPT2), false, nil
 	case "qwen2", "qwen3", "deepseek-r1-qwen", "kormo", "stablelm2", "megrez", "hunyuan", "grok-2":
-		return isolated(qwen2), false, nil
+		return preIsolated(qwen2), false, nil
 	case "poro-chat", "poro", "bloom", "gpt3-finnish":
-		return isolated(matchPoro), false, nil
+		return preIsolated(preMatchPoro), false, nil
 	case "viking":
-		return isolated(matchPoro, matchClassOne(isN)), false, nil
+		return preIsolated(preMatchPoro, preMatchClassOne(preIsN)), false, nil
 	case "tekken":
-		return isolated(caseSplit{digits: 1}.match), true, nil
+		return preIsolated(preCaseSplit{digits: 1}.match), true, nil
 	case "gpt-4o", "llama4", "minimax-m2":
-		return isolated(caseSplit{digits: 3, contraction: true}.match), false, nil
+		return preIsolated(preCaseSplit{digits: 3, contraction: true}.match), false, nil
 	case "chameleon":
-		return isolated(matchSentinel, matchImageTokens, matchChameleonWS, matchClassOne(isN),
-			matchClassOne(isChameleonPunct), matchGPT2), false, nil
+		return preIsolated(preMatchSentinel, preMatchImageTokens, preMatchChameleonWS, preMatchClassOne(preIsN),
+			preMatchClassOne(preIsChameleonPunct), preMatchGPT2), false, nil
 	case "bailingmoe", "bailingmoe2", "llada-moe":
-		return isolated(qwen2), false, nil
+		return preIsolated(qwen2), false, nil
 	case "seed-coder":
-		return isolated(llama3Like{digits: 1, noPunctNewlines: true}.match), false, nil
+		return preIsolated(preLlama3Like{digits: 1, noPunctNewlines: true}.match), false, nil
 	}
 	return nil, false, fmt.Errorf("tokenizer: pre-tokenizer %q not supported", name)
 }
@@ -750,15 +750,15 @@ func PreTokenizer(name string) (func(string) []string, error) {
 	if err != nil {
 		return nil, err
 	}
-	return func(s string) []string { return splitWords(s, stages) }, nil
+	return func(s string) []string { return preSplitWords(s, stages) }, nil
 }
 
-func splitWords(s string, stages []preSplit) []string {
+func preSplitWords(s string, stages []preSplit) []string {
 	if s == "" {
 		return nil
 	}
 	rs := []rune(s)
-	spans := runSplits(rs, stages)
+	spans := preRunSplits(rs, stages)
 	// Cut the original string by byte offsets so invalid UTF-8 survives
 	// ([]rune and DecodeRuneInString both count a bad byte as one rune).
 	offs := make([]int, len(rs)+1)

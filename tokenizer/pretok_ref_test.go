@@ -130,8 +130,8 @@ func checkPreRef(t *testing.T, s string) {
 			t.Fatalf("%s %q:\n got %q\nwant %q", ref.name, s, got, want)
 		}
 	}
-	dv3 := []preSplit{{stage: matchStage{matchDeepseekV3}}}
-	if got, want := splitWords(s, dv3), refSplit(s, compileRef(t, preRefDeepseekV3)); !reflect.DeepEqual(got, want) {
+	dv3 := []preSplit{{stage: preMatchStage{preMatchDeepseekV3}}}
+	if got, want := preSplitWords(s, dv3), refSplit(s, compileRef(t, preRefDeepseekV3)); !reflect.DeepEqual(got, want) {
 		t.Fatalf("deepseek-v3 words %q:\n got %q\nwant %q", s, got, want)
 	}
 }
@@ -187,17 +187,17 @@ func classOf(t *unicode.RangeTable) string {
 
 func refStages(name string) []refStage {
 	re := func(p string) refStage { return refStage{re: regexp.MustCompile(hfTranslateRegex(p))} }
-	gpt2 := refStage{m: matchGPT2}
+	gpt2 := refStage{m: preMatchGPT2}
 	poro := re(` ?[^(\s|.,!?\x{2026}\x{3002}\x{FF0C}\x{3001}\x{0964}\x{06D4}\x{060C})]+`)
 	cjk := re(`[\x{4E00}-\x{9FA5}\x{0800}-\x{4E00}\x{AC00}-\x{D7FF}]+`)
 	switch name {
 	case "deepseek-llm":
-		return []refStage{re(`[\r\n]`), re(`\s?[` + classOf(deepseekLettersTable) + `]+`),
+		return []refStage{re(`[\r\n]`), re(`\s?[` + classOf(preDeepseekLettersTable) + `]+`),
 			re(`\s?[!-/:-~\x{FF01}-\x{FF0F}\x{FF1A}-\x{FF5E}\x{2018}-\x{201F}\x{3000}-\x{3002}]+`), re(`\s+$`), cjk, re(`\p{N}+`)}
 	case "deepseek-coder":
 		return []refStage{re(`[\r\n]`), re(`\s?\p{L}+`), re(`\s?\p{P}+`), cjk, re(`\p{N}`)}
 	case "deepseek-v3":
-		return []refStage{re(`\p{N}{1,3}`), re(`[\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+`), {m: matchDeepseekV3}}
+		return []refStage{re(`\p{N}{1,3}`), re(`[\x{4E00}-\x{9FA5}\x{3040}-\x{309F}\x{30A0}-\x{30FF}]+`), {m: preMatchDeepseekV3}}
 	case "falcon":
 		return []refStage{re("[\\p{P}\\$\\+<=>\\^~\\|`]+"), gpt2, re(`[0-9][0-9][0-9]`)}
 	case "default":
@@ -227,7 +227,7 @@ func refMulti(s string, stages []refStage) []string {
 			if st.re != nil {
 				locs = st.re.FindAllStringIndex(p, -1)
 			} else {
-				for _, sp := range (matchStage{st.m}).find([]rune(p), nil) {
+				for _, sp := range (preMatchStage{st.m}).find([]rune(p), nil) {
 					// rune offsets to byte offsets
 					a := len(string([]rune(p)[:sp.a]))
 					b := len(string([]rune(p)[:sp.b]))

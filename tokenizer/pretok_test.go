@@ -135,19 +135,19 @@ func TestPreLinear(t *testing.T) {
 }
 
 func TestDeepseekLetterClass(t *testing.T) {
-	t16 := deepseekLettersTable.R16
+	t16 := preDeepseekLettersTable.R16
 	for k := 1; k < len(t16); k++ {
 		if t16[k].Lo <= t16[k-1].Hi || t16[k].Lo > t16[k].Hi {
 			t.Fatalf("range %d: %U-%U after %U", k, t16[k].Lo, t16[k].Hi, t16[k-1].Hi)
 		}
 	}
 	for _, r := range "aZµÀöǄΆᏸＺ𐐀𞤀ɐ\u2126\u212a\u1fbe\u1fd3\u1fdb\u1f7d" {
-		if !deepseekLetters(r) {
+		if !preDeepseekLetters(r) {
 			t.Errorf("%q (%U) should be a DeepSeek letter", r, r)
 		}
 	}
 	for _, r := range "ª×÷ƻʔ中あ1_ ¶ก\u1fbf" {
-		if deepseekLetters(r) {
+		if preDeepseekLetters(r) {
 			t.Errorf("%q (%U) should not be a DeepSeek letter", r, r)
 		}
 	}
