@@ -1,81 +1,13 @@
 package engine
 
-import (
-	"strings"
+import "pagoda/tokenizer"
 
-	"pagoda/tokenizer"
-)
-
-// textOut turns one completion's tokens into text deltas: UTF-8 safe (the
-// tokenizer stream holds back incomplete characters) and stop-string safe
-// (text that could still be the start of a stop string is held back until
-// it cannot, and a matched stop string and everything after it are dropped).
-type textOut struct {
-	stream  *tokenizer.Stream
-	stops   []string
-	pending string
-}
+// textOut is one completion's detokenizer with stop strings.
+type textOut struct{ *tokenizer.TextStream }
 
 func newTextOut(tok tokenizer.Tokenizer, prompt []int32, stops []string) *textOut {
-	s := tokenizer.NewStream(tok)
-	// The output continues the prompt: priming the stream with it keeps the
-	// leading space of the first generated word, as a completion API shows
-	// it, instead of treating the output as the start of a text.
-	for _, id := range prompt {
-		s.Add(id)
-	}
-	return &textOut{stream: s, stops: stops}
+	return &textOut{tokenizer.NewTextStream(tok, prompt, stops)}
 }
 
-// add feeds a token; it returns the text that is safe to emit and whether
-// a stop string matched.
-func (t *textOut) add(id int32) (string, bool) {
-	t.pending += t.stream.Add(id)
-	return t.emit()
-}
-
-// flush ends the completion: the held-back text is released.
-func (t *textOut) flush() string {
-	t.pending += t.stream.Flush()
-	out := t.pending
-	if i, ok := t.match(); ok {
-		out = out[:i]
-	}
-	t.pending = ""
-	return out
-}
-
-func (t *textOut) match() (int, bool) {
-	best := -1
-	for _, s := range t.stops {
-		if s == "" {
-			continue
-		}
-		if i := strings.Index(t.pending, s); i >= 0 && (best < 0 || i < best) {
-			best = i
-		}
-	}
-	return best, best >= 0
-}
-
-func (t *textOut) emit() (string, bool) {
-	if i, ok := t.match(); ok {
-		out := t.pending[:i]
-		t.pending = ""
-		return out, true
-	}
-	// Hold back the longest suffix that is a proper prefix of a stop string.
-	hold := 0
-	for _, s := range t.stops {
-		for k := min(len(s)-1, len(t.pending)); k > hold; k-- {
-			if strings.HasSuffix(t.pending, s[:k]) {
-				hold = k
-				break
-			}
-		}
-	}
-	cut := len(t.pending) - hold
-	out := t.pending[:cut]
-	t.pending = t.pending[cut:]
-	return out, false
-}
+func (t *textOut) add(id int32) (string, bool) { return t.Add(id) }
+func (t *textOut) flush() string               { return t.Flush() }

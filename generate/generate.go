@@ -69,12 +69,11 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 	}
 	history := append([]int32(nil), prompt...)
 	res := &Result{PromptTokens: len(prompt), FinishReason: "length"}
-	var stream *tokenizer.Stream
+	var text strings.Builder
+	var ts *tokenizer.TextStream
 	if tok != nil {
-		stream = tokenizer.NewStream(tok)
+		ts = tokenizer.NewTextStream(tok, prompt, o.StopStrings)
 	}
-	var text strings.Builder // emitted text
-	var held string          // text held back while it could begin a stop string
 	logp := make([]float32, len(logits))
 	for step := 0; step < maxNew; step++ {
 		if err := ctx.Err(); err != nil {
@@ -105,9 +104,8 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 		}
 		if eog {
 			res.FinishReason = "stop"
-			t.Text = held
-			if stream != nil {
-				t.Text += stream.Flush()
+			if ts != nil {
+				t.Text = ts.Flush()
 			}
 			text.WriteString(t.Text)
 			if err := emit(t); err != nil {
@@ -115,23 +113,17 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 			}
 			break
 		}
-		if stream != nil {
-			held += stream.Add(id)
+		var stop bool
+		if ts != nil {
+			t.Text, stop = ts.Add(id)
 		}
-		out, stop := splitStop(held, o.StopStrings)
-		t.Text = out
-		text.WriteString(out)
-		held = held[len(out):]
-		if stop {
-			res.FinishReason = "stop"
-			if err := emit(t); err != nil {
-				return res, err
-			}
-			held = ""
-			break
-		}
+		text.WriteString(t.Text)
 		if err := emit(t); err != nil {
 			return res, err
+		}
+		if stop {
+			res.FinishReason = "stop"
+			break
 		}
 		if step+1 == maxNew {
 			break
@@ -142,12 +134,8 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 			return res, err
 		}
 	}
-	if res.FinishReason == "length" {
-		rest := held
-		if stream != nil {
-			rest += stream.Flush()
-		}
-		if rest != "" {
+	if res.FinishReason == "length" && ts != nil {
+		if rest := ts.Flush(); rest != "" {
 			text.WriteString(rest)
 			if err := emit(Token{ID: -1, Text: rest}); err != nil {
 				return res, err
@@ -156,37 +144,6 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 	}
 	res.Text = text.String()
 	return res, nil
-}
-
-// splitStop returns the prefix of s that can be emitted now, and whether a
-// stop string was found (then the prefix ends right before it). Text that
-// could still grow into a stop string is held back.
-func splitStop(s string, stops []string) (string, bool) {
-	if len(stops) == 0 {
-		return s, false
-	}
-	first := -1
-	for _, st := range stops {
-		if st == "" {
-			continue
-		}
-		if i := strings.Index(s, st); i >= 0 && (first < 0 || i < first) {
-			first = i
-		}
-	}
-	if first >= 0 {
-		return s[:first], true
-	}
-	keep := 0
-	for _, st := range stops {
-		for k := min(len(st)-1, len(s)); k > keep; k-- {
-			if strings.HasSuffix(s, st[:k]) {
-				keep = k
-				break
-			}
-		}
-	}
-	return s[:len(s)-keep], false
 }
 
 func prefill(m *model.Model, cache model.KVCache, prompt []int32, chunk int) ([]float32, error) {

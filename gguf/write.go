@@ -262,7 +262,12 @@ func (w *Writer) WriteFile(path string) error {
 	if err != nil {
 		return fmt.Errorf("gguf: %w", err)
 	}
-	_, werr := w.WriteTo(tmp)
+	// CreateTemp makes the file 0600; a model file is as readable as any
+	// other file the user writes (umask applies to neither, so use 0644).
+	werr := tmp.Chmod(0o644)
+	if werr == nil {
+		_, werr = w.WriteTo(tmp)
+	}
 	cerr := tmp.Close()
 	if werr == nil && cerr != nil {
 		werr = fmt.Errorf("gguf: %s: %w", path, cerr)

@@ -1,0 +1,103 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"text/tabwriter"
+
+	"pagoda/convert"
+	"pagoda/quant"
+)
+
+func init() {
+	register("quantize", "quantize a model (GGUF, llama2.c .bin or HF dir) to a GGUF of another type, with llama.cpp's tensor mixes", runQuantize)
+	register("convert", "convert a llama2.c .bin or Hugging Face directory to GGUF as stored", runConvert)
+}
+
+func progress(done, total int) {
+	fmt.Fprintf(os.Stderr, "\r%d/%d tensors", done, total)
+	if done == total {
+		fmt.Fprintln(os.Stderr)
+	}
+}
+
+func runQuantize(args []string) error {
+	fs := flag.NewFlagSet("quantize", flag.ContinueOnError)
+	typ := fs.String("type", "", "target file type: Q8_0, Q4_0, Q4_K_M, Q5_K_S, Q6_K, F16, … (required)")
+	pure := fs.Bool("pure", false, "every 2-D weight in the target type (no llama.cpp mix)")
+	outType := fs.String("output-type", "", "type of output.weight (default: per the mix)")
+	embdType := fs.String("embd-type", "", "type of token_embd.weight (default: per the mix)")
+	requant := fs.Bool("allow-requantize", false, "allow quantizing already-quantized tensors (loses quality)")
+	tok := fs.String("tokenizer", "", "tokenizer to embed when the input has none")
+	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
+	dry := fs.Bool("dry-run", false, "print the per-tensor plan and exit")
+	// Flags may follow the positional arguments, as in llama-quantize.
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) != 2 || *typ == "" {
+		return fmt.Errorf("usage: pagoda quantize IN OUT -type TYPE [flags]")
+	}
+	t, mix, err := convert.ParseFileType(*typ)
+	if err != nil {
+		return err
+	}
+	o := convert.QuantizeOptions{Type: t, Mix: mix, AllowRequantize: *requant, Tokenizer: *tok, Threads: *threads, Progress: progress}
+	if *pure {
+		o.Mix = "pure"
+	}
+	if *outType != "" {
+		if o.OutputType, err = quant.ParseType(*outType); err != nil {
+			return err
+		}
+	}
+	if *embdType != "" {
+		if o.EmbeddingType, err = quant.ParseType(*embdType); err != nil {
+			return err
+		}
+	}
+	if *dry {
+		plan, err := convert.Plan(pos[0], o)
+		if err != nil {
+			return err
+		}
+		w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+		var total int64
+		for _, p := range plan {
+			fmt.Fprintf(w, "%s\t%v\t%s → %s\t%d\n", p.Name, p.Dims, p.From, p.To, p.Bytes)
+			total += int64(p.Bytes)
+		}
+		fmt.Fprintf(w, "total\t\t\t%d (%.1f MB)\n", total, float64(total)/1e6)
+		return w.Flush()
+	}
+	return convert.Quantize(pos[0], pos[1], o)
+}
+
+func runConvert(args []string) error {
+	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
+	tok := fs.String("tokenizer", "", "tokenizer to embed (GGUF, llama2.c tokenizer.bin, tokenizer.json)")
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(pos) != 2 {
+		return fmt.Errorf("usage: pagoda convert IN OUT [-tokenizer FILE]")
+	}
+	return convert.ToGGUF(pos[0], pos[1], convert.ConvertOptions{Tokenizer: *tok, Progress: progress})
+}
