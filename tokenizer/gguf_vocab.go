@@ -62,6 +62,13 @@ func VocabFromGGUF(f *gguf.File) (*Vocab, []string, error) {
 	case "bert":
 		v.BOS, v.EOS, v.UNK, v.PAD = 101, 102, 100, 0
 		v.AddBOS, v.AddEOS = true, true
+	case "gpt2":
+		// These families add BOS when the file does not say (llama.cpp
+		// sets add_bos with their pre-tokenizer type).
+		switch v.Pre {
+		case "llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "tekken", "chameleon":
+			v.AddBOS = true
+		}
 	}
 	ids := []struct {
 		key string
