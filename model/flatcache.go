@@ -63,11 +63,7 @@ func (f *FlatCache) Attend(layer int, seq, n int32, q, out []float32, p AttnPara
 		clear(oh)
 		for t := lo; t < int(n); t++ {
 			o := base + t*f.kvd + kh
-			w := scores[t-lo]
-			vv := f.v[o : o+hd]
-			for j := range oh {
-				oh[j] += w * vv[j]
-			}
+			kernels.AxpyF32(oh, scores[t-lo], f.v[o:o+hd])
 		}
 	}
 }
