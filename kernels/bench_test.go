@@ -90,6 +90,19 @@ func BenchmarkOps(b *testing.B) {
 	run("SiLUMul/5632", 3*4*5632, func() { SiLUMul(out, x, y) })
 	run("RoPE/64", 4*64, func() { RoPE(out[:64], 7, y[:32], false) })
 	run("F32ToF16Row/2048", 6*2048, func() { F32ToF16Row(h[:2048], x[:2048]) })
+	// One head over 512 cached positions, K/V rows of 4 KV heads × 64.
+	kv := make([]uint16, 512*256)
+	kvf := randF32(r, 512*256)
+	F32ToF16Row(kv, kvf)
+	sc := make([]float32, 512)
+	run("AttnScoresF16/512x64", 512*64*2, func() { AttnScoresF16(sc, x[:64], kv, 256) })
+	run("AttnMixF16/512x64", 512*64*2, func() { AttnMixF16(out[:64], sc, kv, 256) })
+	run("AttnScoresF32/512x64", 512*64*4, func() { AttnScoresF32(sc, x[:64], kvf, 256) })
+	run("DotF16-loop/512x64", 512*64*2, func() {
+		for t := range sc {
+			sc[t] = DotF16(x[:64], kv[t*256:t*256+64])
+		}
+	})
 }
 
 // BenchmarkPrepack times building the packed layout of the TinyLlama output

@@ -64,6 +64,12 @@ func setGeneric() {
 	f16ToF32Row = F16ToF32RowRef
 	bf16ToF32Row = BF16ToF32RowRef
 	f32ToBF16Row = F32ToBF16RowRef
+	attnScoresF32 = AttnScoresF32Ref
+	attnScoresF16 = AttnScoresF16Ref
+	attnScoresBF16 = AttnScoresBF16Ref
+	attnMixF32 = AttnMixF32Ref
+	attnMixF16 = AttnMixF16Ref
+	attnMixBF16 = AttnMixBF16Ref
 }
 
 // applyEnvISA honours PAGODA_ISA (avx512, avx2, generic) so whole test runs

@@ -106,7 +106,75 @@ func axpyBF16Vec(out []float32, a float32, v []uint16) {
 	axpyBF16AVX512(&out[0], a, unsafe.Pointer(&v[0]), len(out))
 }
 
+//go:noescape
+func scoresF32AVX512(s *float32, q *float32, kr unsafe.Pointer, n, d, stride int)
+
+//go:noescape
+func scoresF16AVX512(s *float32, q *float32, kr unsafe.Pointer, n, d, stride int)
+
+//go:noescape
+func scoresBF16AVX512(s *float32, q *float32, kr unsafe.Pointer, n, d, stride int)
+
+//go:noescape
+func mixF32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride int)
+
+//go:noescape
+func mixF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride int)
+
+//go:noescape
+func mixBF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride int)
+
+// The exported wrappers have checked the bounds.
+
+func scoresF32Vec(s, q, k []float32, stride int) {
+	if len(s) > 0 && len(q) > 0 {
+		scoresF32AVX512(&s[0], &q[0], unsafe.Pointer(&k[0]), len(s), len(q), 4*stride)
+	} else {
+		clear(s)
+	}
+}
+
+func scoresF16Vec(s, q []float32, k []uint16, stride int) {
+	if len(s) > 0 && len(q) > 0 {
+		scoresF16AVX512(&s[0], &q[0], unsafe.Pointer(&k[0]), len(s), len(q), 2*stride)
+	} else {
+		clear(s)
+	}
+}
+
+func scoresBF16Vec(s, q []float32, k []uint16, stride int) {
+	if len(s) > 0 && len(q) > 0 {
+		scoresBF16AVX512(&s[0], &q[0], unsafe.Pointer(&k[0]), len(s), len(q), 2*stride)
+	} else {
+		clear(s)
+	}
+}
+
+func mixF32Vec(out, w, v []float32, stride int) {
+	if len(w) > 0 && len(out) > 0 {
+		mixF32AVX512(&out[0], &w[0], unsafe.Pointer(&v[0]), len(w), len(out), 4*stride)
+	}
+}
+
+func mixF16Vec(out, w []float32, v []uint16, stride int) {
+	if len(w) > 0 && len(out) > 0 {
+		mixF16AVX512(&out[0], &w[0], unsafe.Pointer(&v[0]), len(w), len(out), 2*stride)
+	}
+}
+
+func mixBF16Vec(out, w []float32, v []uint16, stride int) {
+	if len(w) > 0 && len(out) > 0 {
+		mixBF16AVX512(&out[0], &w[0], unsafe.Pointer(&v[0]), len(w), len(out), 2*stride)
+	}
+}
+
 func setFloatAVX512() {
+	attnScoresF32 = scoresF32Vec
+	attnScoresF16 = scoresF16Vec
+	attnScoresBF16 = scoresBF16Vec
+	attnMixF32 = mixF32Vec
+	attnMixF16 = mixF16Vec
+	attnMixBF16 = mixBF16Vec
 	dotF32 = dotF32Vec
 	dotF16 = dotF16Vec
 	dotBF16 = dotBF16Vec
