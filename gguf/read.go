@@ -114,6 +114,15 @@ func (r *reader) u64() (uint64, error) {
 	return binary.LittleEndian.Uint64(p), nil
 }
 
+// clip shortens a key or tensor name read from a possibly corrupt file for
+// an error message: a bad length can make a "name" of kilobytes.
+func clip(s string) string {
+	if len(s) > 64 {
+		return s[:64] + "…"
+	}
+	return s
+}
+
 func (r *reader) str() (string, error) {
 	n, err := r.u64()
 	if err != nil {
@@ -189,15 +198,15 @@ func parse(b []byte) (*File, error) {
 			return nil, fmt.Errorf("metadata entry %d: key: %w", i, err)
 		}
 		if _, dup := f.kvIndex[key]; dup {
-			return nil, fmt.Errorf("metadata key %q appears twice", key)
+			return nil, fmt.Errorf("metadata key %q appears twice", clip(key))
 		}
 		vt, err := r.u32()
 		if err != nil {
-			return nil, fmt.Errorf("metadata %q: %w", key, err)
+			return nil, fmt.Errorf("metadata %q: %w", clip(key), err)
 		}
 		v, err := r.value(ValueType(vt), 0)
 		if err != nil {
-			return nil, fmt.Errorf("metadata %q: %w", key, err)
+			return nil, fmt.Errorf("metadata %q: %w", clip(key), err)
 		}
 		f.kvIndex[key] = len(f.KV)
 		f.KV = append(f.KV, KV{Key: key, Value: v})
@@ -218,12 +227,12 @@ func parse(b []byte) (*File, error) {
 		t, err := r.tensorInfo()
 		if err != nil {
 			if t != nil && t.Name != "" {
-				return nil, fmt.Errorf("tensor %q: %w", t.Name, err)
+				return nil, fmt.Errorf("tensor %q: %w", clip(t.Name), err)
 			}
 			return nil, fmt.Errorf("tensor %d: %w", i, err)
 		}
 		if _, dup := f.tensorIndex[t.Name]; dup {
-			return nil, fmt.Errorf("tensor %q appears twice", t.Name)
+			return nil, fmt.Errorf("tensor %q appears twice", clip(t.Name))
 		}
 		f.tensorIndex[t.Name] = t
 		f.Tensors = append(f.Tensors, t)
@@ -235,7 +244,7 @@ func parse(b []byte) (*File, error) {
 	f.DataOffset = int64(start)
 	for _, t := range f.Tensors {
 		if t.Offset%uint64(f.Alignment) != 0 {
-			return nil, fmt.Errorf("tensor %q: offset %d is not a multiple of the alignment %d", t.Name, t.Offset, f.Alignment)
+			return nil, fmt.Errorf("tensor %q: offset %d is not a multiple of the alignment %d", clip(t.Name), t.Offset, f.Alignment)
 		}
 		if t.Size == 0 {
 			t.Data = []byte{}
@@ -244,7 +253,7 @@ func parse(b []byte) (*File, error) {
 		end := start + t.Offset + uint64(t.Size)
 		if t.Offset > uint64(len(b)) || end < start || end > uint64(len(b)) {
 			return nil, fmt.Errorf("tensor %q: data [%d, %d) lies beyond the end of the file (%d bytes): %w",
-				t.Name, start+t.Offset, start+t.Offset+uint64(t.Size), len(b), errShort)
+				clip(t.Name), start+t.Offset, start+t.Offset+uint64(t.Size), len(b), errShort)
 		}
 		lo := int(start + t.Offset)
 		t.Data = b[lo : lo+t.Size : lo+t.Size]

@@ -180,6 +180,11 @@ func parse(b []byte) (*Checkpoint, error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	// Every version stores two float32 norms of dim per layer: reject a
+	// layer count the file cannot hold before naming each layer's tensors.
+	if need := uint64(cfg.NLayers) * 8 * uint64(cfg.Dim); need > uint64(len(b)) {
+		return nil, fmt.Errorf("header: %d layers of dim %d need over %d bytes, file has %d: truncated or header does not match", cfg.NLayers, cfg.Dim, need, len(b))
+	}
 	c := &Checkpoint{Config: cfg, index: map[string]*Tensor{}}
 	var err error
 	switch cfg.Version {

@@ -38,6 +38,12 @@ type Config struct {
 // Validate checks that the hyper-parameters are consistent, so a corrupt
 // file fails here with a message instead of panicking in the forward pass.
 func (c *Config) Validate() error {
+	for i, f := range c.RopeFreqs {
+		// A zero, negative or NaN divisor turns every rotation into NaN.
+		if !(f > 0) || math.IsInf(float64(f), 0) {
+			return fmt.Errorf("rope_freqs[%d] = %g: want a finite positive divisor", i, f)
+		}
+	}
 	switch {
 	case c.NLayer <= 0 || c.NLayer > 1024:
 		return fmt.Errorf("block count %d out of range", c.NLayer)

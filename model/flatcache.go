@@ -31,6 +31,15 @@ func (f *FlatCache) off(layer int, seq, pos int32) int {
 	return ((int(seq)*f.nLayer+layer)*f.maxLen + int(pos)) * f.kvd
 }
 
+// CheckPos reports an error when the cache has no room for position pos of
+// sequence seq, so Forward fails before Store would panic.
+func (f *FlatCache) CheckPos(seq, pos int32) error {
+	if seq < 0 || int(seq) >= f.seqs || pos < 0 || int(pos) >= f.maxLen {
+		return fmt.Errorf("flat cache: sequence %d position %d outside %d×%d", seq, pos, f.seqs, f.maxLen)
+	}
+	return nil
+}
+
 // MaxLen is the number of positions per sequence.
 func (f *FlatCache) MaxLen() int { return f.maxLen }
 

@@ -352,7 +352,7 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	default:
 		// An unsupported dtype reaches the binder as an unknown type
 		// with a name in the error.
-		return &rawTensor{Type: quant.Type(0xFFFF), Dims: nil}, true
+		return &rawTensor{Type: quant.Type(0xFFFF), DType: t.DType}, true
 	}
 	dims := make([]uint64, len(t.Shape))
 	for i, d := range t.Shape {
@@ -375,6 +375,8 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	}
 	return rt, true
 }
+
+func (s *hfSource) fileName(name string) string { return hfName(name) }
 
 // unpermute reorders the rows of each head from [x_0..x_{h/2-1}, y_0..] to
 // [x_0, y_0, x_1, y_1, …].

@@ -122,6 +122,13 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 			return nil, fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], c.ContextLen)
 		}
 	}
+	if ck, ok := kv.(interface{ CheckPos(seq, pos int32) error }); ok {
+		for i := range b.Tokens {
+			if err := ck.CheckPos(b.Seq[i], b.Pos[i]); err != nil {
+				return nil, fmt.Errorf("model: %w", err)
+			}
+		}
+	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 
@@ -214,6 +221,13 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 	logits := make([]float32, rows*c.VocabSize)
 	if rows > 0 {
 		m.matmul(m.pool, m.W.Output, s.logitsIn, logits, rows)
+	}
+	for i, v := range logits {
+		// Corrupt weights (a NaN or Inf in a matrix) surface here rather
+		// than as a sampler fed NaN.
+		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+			return nil, fmt.Errorf("model: non-finite logit in row %d (corrupt weights?)", i/c.VocabSize)
+		}
 	}
 	return logits, nil
 }

@@ -15,6 +15,29 @@ type rawTensor struct {
 	Type quant.Type
 	Dims []uint64
 	Data []byte
+	// DType names a stored type that has no ggml id (safetensors I8,
+	// F8_E4M3…), for messages.
+	DType string
+}
+
+func (t *rawTensor) typeName() string {
+	if t.DType != "" {
+		return t.DType
+	}
+	return t.Type.String()
+}
+
+// fileNamer is a source whose files name tensors otherwise (Hugging Face);
+// messages then give the file's name, which the user can find.
+type fileNamer interface{ fileName(name string) string }
+
+func label(src source, name string) string {
+	if fn, ok := src.(fileNamer); ok {
+		if f := fn.fileName(name); f != "" && f != name {
+			return fmt.Sprintf("%q (%s)", f, name)
+		}
+	}
+	return fmt.Sprintf("%q", name)
 }
 
 // source is what every checkpoint format offers the binder: tensors by their
@@ -101,20 +124,20 @@ func bind(src source, c *Config) (*Weights, error) {
 func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error) {
 	t, ok := src.tensor(name)
 	if !ok {
-		return nil, fmt.Errorf("tensor %q missing", name)
+		return nil, fmt.Errorf("tensor %s missing", label(src, name))
 	}
 	if !t.Type.Supported() {
-		return nil, fmt.Errorf("tensor %q: type %s not supported", name, t.Type)
+		return nil, fmt.Errorf("tensor %s: type %s not supported", label(src, name), t.typeName())
 	}
 	if len(t.Dims) != 2 || t.Dims[0] != uint64(cols) || t.Dims[1] != uint64(rows) {
-		return nil, fmt.Errorf("tensor %q: shape %v, want [%d %d]", name, t.Dims, cols, rows)
+		return nil, fmt.Errorf("tensor %s: shape %v, want [%d %d]", label(src, name), t.Dims, cols, rows)
 	}
 	m, err := kernels.NewMatrix(t.Type, rows, cols, t.Data)
 	if err != nil {
-		return nil, fmt.Errorf("tensor %q: %v", name, err)
+		return nil, fmt.Errorf("tensor %s: %v", label(src, name), err)
 	}
 	if len(t.Data) < m.RowBytes*rows {
-		return nil, fmt.Errorf("tensor %q: %d bytes, want %d", name, len(t.Data), m.RowBytes*rows)
+		return nil, fmt.Errorf("tensor %s: %d bytes, want %d", label(src, name), len(t.Data), m.RowBytes*rows)
 	}
 	m.Data = t.Data[:m.RowBytes*rows]
 	return m, nil
@@ -126,32 +149,32 @@ func bindVector(src source, name string, n int, optional bool) ([]float32, error
 		if optional {
 			return nil, nil
 		}
-		return nil, fmt.Errorf("tensor %q missing", name)
+		return nil, fmt.Errorf("tensor %s missing", label(src, name))
+	}
+	if !t.Type.Supported() {
+		return nil, fmt.Errorf("tensor %s: type %s not supported", label(src, name), t.typeName())
 	}
 	total := uint64(1)
 	for _, d := range t.Dims {
 		total *= d
 	}
 	if total != uint64(n) {
-		return nil, fmt.Errorf("tensor %q: shape %v, want %d elements", name, t.Dims, n)
-	}
-	if !t.Type.Supported() {
-		return nil, fmt.Errorf("tensor %q: type %s not supported", name, t.Type)
+		return nil, fmt.Errorf("tensor %s: shape %v, want %d elements", label(src, name), t.Dims, n)
 	}
 	size, err := quant.RowSize(t.Type, n)
 	if err != nil {
-		return nil, fmt.Errorf("tensor %q: %v", name, err)
+		return nil, fmt.Errorf("tensor %s: %v", label(src, name), err)
 	}
 	if len(t.Data) < size {
-		return nil, fmt.Errorf("tensor %q: %d bytes, want %d", name, len(t.Data), size)
+		return nil, fmt.Errorf("tensor %s: %d bytes, want %d", label(src, name), len(t.Data), size)
 	}
 	out := make([]float32, n)
 	if err := quant.Dequantize(t.Type, t.Data[:size], out); err != nil {
-		return nil, fmt.Errorf("tensor %q: %v", name, err)
+		return nil, fmt.Errorf("tensor %s: %v", label(src, name), err)
 	}
 	for _, v := range out {
 		if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
-			return nil, fmt.Errorf("tensor %q holds non-finite values", name)
+			return nil, fmt.Errorf("tensor %s holds non-finite values", label(src, name))
 		}
 	}
 	return out, nil
