@@ -37,6 +37,10 @@ type Options struct {
 func Open(path string, o Options) (*Model, error) {
 	m, err := open(path, o)
 	if err != nil {
+		if strings.Contains(err.Error(), path) {
+			// The format reader already named the file.
+			return nil, fmt.Errorf("model: %w", err)
+		}
 		return nil, fmt.Errorf("model: %s: %w", path, err)
 	}
 	return m, nil
@@ -56,6 +60,8 @@ func open(path string, o Options) (*Model, error) {
 	switch {
 	case st.IsDir():
 		cfg, src, closer, err = openHF(path)
+	case strings.HasSuffix(strings.ToLower(path), ".gguf") && !isGGUF(path):
+		return nil, fmt.Errorf("not a GGUF file (no GGUF magic at the start)")
 	case isGGUF(path):
 		var f *gguf.File
 		f, err = gguf.Open(path)
