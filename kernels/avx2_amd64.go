@@ -133,6 +133,7 @@ func matMulFloatAVX2(p *Pool, w *Matrix, x, out []float32, batch int) {
 		MatMulRef(p, w, x, out, batch)
 		return
 	}
+	w.mustValid()
 	_ = x[batch*w.Cols-1]
 	_ = out[batch*w.Rows-1]
 	rows, cols := w.Rows, w.Cols

@@ -240,3 +240,23 @@ func testMatMulN(t *testing.T) {
 		}
 	}
 }
+
+// TestMalformedMatrix: a hand-built Matrix whose data is too short panics
+// with a message instead of letting the assembly read past it.
+func TestMalformedMatrix(t *testing.T) {
+	for _, typ := range []quant.Type{quant.Q8_0, quant.F16} {
+		m := &Matrix{Type: typ, Rows: 8, Cols: 64, RowBytes: 0, Data: make([]byte, 10)}
+		m.RowBytes, _ = quant.RowSize(typ, 64)
+		func() {
+			defer func() {
+				if recover() == nil {
+					t.Errorf("%s: no panic", typ)
+				}
+			}()
+			MatMul(nil, m, make([]float32, 64), make([]float32, 8), 1)
+		}()
+	}
+	if _, err := NewMatrix(quant.Q8_0, 8, 64, make([]byte, 10)); err == nil {
+		t.Error("NewMatrix accepted short data")
+	}
+}
