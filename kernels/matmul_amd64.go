@@ -42,6 +42,7 @@ func setSIMD(name string) {
 		matMul = matMulAVX512
 		matMulN = matMulNAVX512
 		setFloatAVX2()
+		setOpsAVX2()
 	}
 }
 
