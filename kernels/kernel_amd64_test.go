@@ -22,7 +22,7 @@ func BenchmarkGemmKernel(b *testing.B) {
 	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.Q6_K} {
 		m, _ := randMatrix(b, r, typ, 16, cols)
 		pk := m.packedOf()
-		fns := map[packKind]*[9]gemmKernel{packQ8C: &gemmQ8CFns, packQ4C: &gemmQ4CFns, packSM16: &gemmSM16_Fns, packQ4SM: &gemmQ4SMFns, packQ8S16: &gemmQ8S16_Fns}[pk.kind]
+		fns := map[packKind]*[9]gemmKernel{packQ8C: &gemmQ8CFns, packQ4C: &gemmQ4CFns, packSM16: &gemmSM16_Fns, packQ4SM: &gemmQ4SMFns, packQ8S16: &gemmQ8S16_Fns, packQ4K: &gemmQ4KFns}[pk.kind]
 		for _, n := range []int{1, 4, 8} {
 			var a actBuf
 			quantizeActs(nil, pk, randF32(r, n*cols), n, cols, &a)
@@ -30,7 +30,7 @@ func BenchmarkGemmKernel(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/n%d", typ, n), func(b *testing.B) {
 				cpu0 := processCPU()
 				for b.Loop() {
-					fns[n](&pk.data[0], &a.q[0], &a.st[0], &tmp[0], pk.nb)
+					fns[n](&pk.data[0], &a.q[0], &a.st[0], &tmp[0], pk.kernelArg())
 				}
 				sec := b.Elapsed().Seconds() / float64(b.N)
 				b.ReportMetric(2*16*cols*float64(n)/sec/1e9, "GOP/s")

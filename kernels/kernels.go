@@ -57,7 +57,9 @@ func (m *Matrix) Row(i int) []byte { return m.Data[i*m.RowBytes : (i+1)*m.RowByt
 
 // packedOf returns the cached packed layout of m, building it when absent.
 func (m *Matrix) packedOf() *packed {
-	if p := atomic.LoadPointer(&m.pk); p != nil {
+	// A layout built for the other integer kernel family (only when tests
+	// or PAGODA_ISA switch instruction sets) is rebuilt.
+	if p := atomic.LoadPointer(&m.pk); p != nil && ((*packed)(p).kind == packNone || (*packed)(p).avx2 == useAVX2) {
 		return (*packed)(p)
 	}
 	m.mustValid()
@@ -71,7 +73,7 @@ func (m *Matrix) packedOf() *packed {
 // slowed by packing. It is a no-op for types without a packed layout or
 // when the active instruction set does not use one.
 func Prepack(p *Pool, m *Matrix) {
-	if atomic.LoadPointer(&m.pk) != nil || !usesPacked() {
+	if p := atomic.LoadPointer(&m.pk); (p != nil && ((*packed)(p).kind == packNone || (*packed)(p).avx2 == useAVX2)) || !usesPacked() {
 		return
 	}
 	m.mustValid()

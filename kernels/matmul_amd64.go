@@ -82,6 +82,8 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 		return &gemmQ4SMFns
 	case packQ8S16:
 		return &gemmQ8S16_Fns
+	case packQ4K:
+		return &gemmQ4KFns
 	}
 	return &gemmSM16_Fns
 }
@@ -182,7 +184,7 @@ func runJobs(p *Pool, jobs []mmJob, batch int) {
 							}
 						}
 					} else {
-						j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], nb)
+						j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], j.pk.kernelArg())
 					}
 					for n := 0; n < nt; n++ {
 						copy(j.out[(r0+n)*rows+g*16:(r0+n)*rows+g*16+nr], tmp[16*n:16*n+nr])

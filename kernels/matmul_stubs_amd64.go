@@ -135,6 +135,32 @@ func gemmQ8S16_8(w *byte, x *int8, st *float32, out *float32, nb int)
 var gemmQ8S16_Fns = [9]gemmKernel{nil, gemmQ8S16_1, gemmQ8S16_2, gemmQ8S16_3, gemmQ8S16_4, gemmQ8S16_5, gemmQ8S16_6, gemmQ8S16_7, gemmQ8S16_8}
 
 //go:noescape
+func gemmQ4K1(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K2(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K3(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K4(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K5(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K6(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K7(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ4K8(w *byte, x *int8, st *float32, out *float32, nb int)
+
+var gemmQ4KFns = [9]gemmKernel{nil, gemmQ4K1, gemmQ4K2, gemmQ4K3, gemmQ4K4, gemmQ4K5, gemmQ4K6, gemmQ4K7, gemmQ4K8}
+
+//go:noescape
 func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 //go:noescape
