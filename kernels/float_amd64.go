@@ -9,7 +9,8 @@ import (
 )
 
 // floatKernel multiplies 4 weight rows by n activation rows over nblk·16
-// columns, leaving 4·n vectors of 16 partial sums in out.
+// columns. The AVX-512 kernels write the 4·n dot products to out (row i's
+// at out[4i:4i+4]); the AVX2 ones leave 4·n vectors of 8 partial sums.
 type floatKernel func(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 // matMulFloat is the float-weight path of the active instruction set.
@@ -45,13 +46,13 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	quads := (rows + 3) / 4
 	xs := cols * 4
 	// Activation rows per pass: keep the chunk within L2.
-	chunk := max(4, (512<<10)/xs&^3)
+	chunk := max(4, min(64, (512<<10)/xs&^3))
 	// With several activation tiles per weight quad, convert the quad's
 	// half-precision rows to float32 once and run the F32 kernel on them:
 	// the conversions otherwise compete with the FMAs for the same ports.
 	convert := w.Type != quant.F32 && batch > 4
 	p.For(quads, 4, func(lo, hi int) {
-		var tmp [16 * 16]float32
+		var res [16]float32
 		var wf []float32
 		if convert {
 			wf = make([]float32, 4*cols)
@@ -84,22 +85,14 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 				}
 				for b := b0; b < b1; b += 4 {
 					n := min(4, b1-b)
-					kern[n](wp, ws, &x[b*cols], xs, cols/16, &tmp[0])
+					kern[n](wp, ws, &x[b*cols], xs, cols/16, &res[0])
 					for i := 0; i < n; i++ {
-						for r := 0; r < 4; r++ {
-							out[(b+i)*rows+r0+r] = hsum16(tmp[(4*i+r)*16:])
-						}
+						copy(out[(b+i)*rows+r0:(b+i)*rows+r0+4], res[4*i:4*i+4])
 					}
 				}
 			}
 		}
 	})
-}
-
-func hsum16(v []float32) float32 {
-	v = v[:16]
-	return ((v[0] + v[8]) + (v[4] + v[12])) + ((v[2] + v[10]) + (v[6] + v[14])) +
-		((v[1] + v[9]) + (v[5] + v[13])) + ((v[3] + v[11]) + (v[7] + v[15]))
 }
 
 // dotRow is one weight row (stored as t) against float32 x.

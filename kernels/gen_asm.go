@@ -141,8 +141,8 @@ func sm16(name string, n int) {
 }
 
 // floatGemm: 4 weight rows (F32, F16 or BF16) × n float32 activation rows,
-// 16 columns per step; the 4·n accumulators are stored whole and summed
-// horizontally by the caller.
+// 16 columns per step; out receives the 4·n dot products, row i's four at
+// out[4i:4i+4].
 func floatGemm(wt string, n int) {
 	name := fmt.Sprintf("gemm%s_4x%d", wt, n)
 	wstep := 32
@@ -188,8 +188,20 @@ func floatGemm(wt string, n int) {
 	p("ADDQ $64, SI")
 	p("DECQ CX")
 	p("JNZ loop")
-	for i := 0; i < 4*n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", i, 64*i)
+	// Horizontal sums: halve each accumulator to 128 bits, then two rounds
+	// of VHADDPS leave the 4 row sums of activation row i in one register.
+	for a := 0; a < 4*n; a++ {
+		p("VEXTRACTF64X4 $1, Z%d, Y20", a)
+		p("VADDPS Y20, Y%d, Y%d", a, a)
+		p("VEXTRACTF32X4 $1, Y%d, X20", a)
+		p("VADDPS X20, X%d, X%d", a, a)
+	}
+	for i := 0; i < n; i++ {
+		a := 4 * i
+		p("VHADDPS X%d, X%d, X%d", a+1, a, a)
+		p("VHADDPS X%d, X%d, X%d", a+3, a+2, a+2)
+		p("VHADDPS X%d, X%d, X%d", a+2, a, a)
+		p("VMOVUPS X%d, %d(R9)", a, 16*i)
 	}
 	p("VZEROUPPER")
 	p("RET")
