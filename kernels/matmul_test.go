@@ -265,3 +265,49 @@ func TestMalformedMatrix(t *testing.T) {
 		t.Error("NewMatrix accepted short data")
 	}
 }
+
+// TestMatMulConcurrent: several goroutines multiplying by the same matrices
+// (packing on first use races) get identical results; run under -race.
+func TestMatMulConcurrent(t *testing.T) {
+	r := rand.New(rand.NewPCG(19, 20))
+	const cols = 256
+	var ms []*Matrix
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_K, quant.F16} {
+		m, _ := randMatrix(t, r, typ, 33, cols)
+		ms = append(ms, m)
+	}
+	x := randF32(r, 3*cols)
+	want := make([][]float32, len(ms))
+	for i, m := range ms {
+		c := *m // an unpacked copy for the expected values
+		c.pk = nil
+		want[i] = make([]float32, 3*m.Rows)
+		MatMul(nil, &c, x, want[i], 3)
+	}
+	pool := NewPool(2)
+	defer pool.Close()
+	done := make(chan error)
+	for g := 0; g < 4; g++ {
+		go func() {
+			var err error
+			for k := 0; k < 20 && err == nil; k++ {
+				for i, m := range ms {
+					out := make([]float32, 3*m.Rows)
+					MatMul(pool, m, x, out, 3)
+					for j := range out {
+						if out[j] != want[i][j] {
+							err = fmt.Errorf("matrix %d out[%d] = %g, want %g", i, j, out[j], want[i][j])
+							break
+						}
+					}
+				}
+			}
+			done <- err
+		}()
+	}
+	for g := 0; g < 4; g++ {
+		if err := <-done; err != nil {
+			t.Fatal(err)
+		}
+	}
+}
