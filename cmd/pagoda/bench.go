@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 
@@ -45,8 +46,20 @@ func runBench(args []string) error {
 	threads := fs.Int("t", 0, "threads (0 = number of CPUs)")
 	batch := fs.Int("b", 512, "tokens per forward pass during pp")
 	jsonOut := fs.Bool("json", false, "JSON output")
+	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	if *modelPath == "" {
 		return fmt.Errorf("-m MODEL is required (pagoda synth makes benchmark models)")
