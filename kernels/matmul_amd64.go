@@ -84,6 +84,8 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 		return &gemmQ8S16_Fns
 	case packQ4K:
 		return &gemmQ4KFns
+	case packQ6K:
+		return &gemmQ6KFns
 	}
 	return &gemmSM16_Fns
 }

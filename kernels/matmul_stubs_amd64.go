@@ -161,6 +161,32 @@ func gemmQ4K8(w *byte, x *int8, st *float32, out *float32, nb int)
 var gemmQ4KFns = [9]gemmKernel{nil, gemmQ4K1, gemmQ4K2, gemmQ4K3, gemmQ4K4, gemmQ4K5, gemmQ4K6, gemmQ4K7, gemmQ4K8}
 
 //go:noescape
+func gemmQ6K1(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K2(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K3(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K4(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K5(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K6(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K7(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ6K8(w *byte, x *int8, st *float32, out *float32, nb int)
+
+var gemmQ6KFns = [9]gemmKernel{nil, gemmQ6K1, gemmQ6K2, gemmQ6K3, gemmQ6K4, gemmQ6K5, gemmQ6K6, gemmQ6K7, gemmQ6K8}
+
+//go:noescape
 func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 //go:noescape

@@ -28,6 +28,9 @@ import (
 //	packQ4K:  Q4_K only, per 256-column super-block: 16 f16 d, 16 f16 dmin,
 //	          then 8 × [256 B nibbles as packQ4C, 16 B scales, 16 B minima]:
 //	          0.58 B/weight against packQ4SM's 0.75 (AVX-512 only).
+//	packQ6K:  Q6_K only, per 256-column super-block: 16 f16 d, then 16 ×
+//	          [128 B low nibbles, 64 B high bit pairs, 16 B int8 scales]:
+//	          0.82 B/weight like Q6_K itself (AVX-512 only; else packQ8S16).
 //	packSM16: block 16: 4 chunks × 64 B (u8), then 16 f32 scales S and 16
 //	          f32 offsets M. w = S·u + M. Any block format fits (K-quants).
 type packKind uint8
@@ -40,6 +43,7 @@ const (
 	packQ4SM
 	packQ8S16
 	packQ4K
+	packQ6K
 )
 
 // actKind is how activations are quantized for a weight type: like ggml's
@@ -76,6 +80,8 @@ func (k packKind) tileBytes() int {
 		return 256 + 64
 	case packQ4K:
 		return 288 + 64/8 // the super-block header spread over its 8 blocks
+	case packQ6K:
+		return 208 + 32/16
 	}
 	return 0
 }
@@ -85,8 +91,11 @@ var noPack = &packed{kind: packNone}
 // kernelArg is the loop count the AVX-512 kernels take: blocks, or
 // super-blocks for packQ4K.
 func (pk *packed) kernelArg() int {
-	if pk.kind == packQ4K {
+	switch pk.kind {
+	case packQ4K:
 		return pk.nb / 8
+	case packQ6K:
+		return pk.nb / 16
 	}
 	return pk.nb
 }
@@ -109,7 +118,10 @@ func pack(p *Pool, m *Matrix) *packed {
 	case quant.Q4_1:
 		pk = packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}
 	case quant.Q6_K:
-		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 32}
+		pk = packed{kind: packQ6K, act: actQ8_K, block: 16, k: 32}
+		if useAVX2 {
+			pk.kind = packQ8S16
+		}
 	case quant.Q3_K:
 		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 4}
 	case quant.Q5_K, quant.Q2_K:
@@ -156,6 +168,8 @@ func pack(p *Pool, m *Matrix) *packed {
 					packRowQ8S16(dst, dec, r, pk.nb)
 				case packQ4K:
 					packRowQ4K(dst, src, r, pk.nb/8)
+				case packQ6K:
+					packRowQ6K(dst, src, r, pk.nb/16)
 				}
 			}
 		}
@@ -230,6 +244,35 @@ func packRowQ4K(dst, src []byte, r, nsb int) {
 				}
 				le.PutUint32(blk[k*64+r*4:], v)
 			}
+		}
+	}
+}
+
+func packRowQ6K(dst, src []byte, r, nsb int) {
+	var q [256]uint8
+	for i := 0; i < nsb; i++ {
+		s := src[i*210 : i*210+210]
+		t := dst[i*3360 : i*3360+3360]
+		t[2*r], t[2*r+1] = s[208], s[209] // d
+		ql, qh := s[:128], s[128:192]
+		for n := 0; n < 2; n++ {
+			l0, h0, y := ql[64*n:], qh[32*n:], q[128*n:]
+			for l := 0; l < 32; l++ {
+				y[l] = l0[l]&0xf | (h0[l]&3)<<4
+				y[l+32] = l0[l+32]&0xf | (h0[l]>>2&3)<<4
+				y[l+64] = l0[l]>>4 | (h0[l]>>4&3)<<4
+				y[l+96] = l0[l+32]>>4 | (h0[l]>>6&3)<<4
+			}
+		}
+		for b := 0; b < 16; b++ {
+			blk := t[32+b*208 : 32+b*208+208]
+			v := q[16*b : 16*b+16]
+			for j := 0; j < 4; j++ {
+				blk[r*4+j] = v[j]&0xf | (v[8+j]&0xf)<<4
+				blk[64+r*4+j] = v[4+j]&0xf | (v[12+j]&0xf)<<4
+				blk[128+r*4+j] = v[j]>>4 | (v[4+j]>>4)<<2 | (v[8+j]>>4)<<4 | (v[12+j]>>4)<<6
+			}
+			blk[192+r] = s[192+b]
 		}
 	}
 }
