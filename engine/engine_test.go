@@ -347,12 +347,15 @@ func TestChunkedPrefillDoesNotStallDecodes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	first := <-short // decoding has started
+	// Submit the long prompt at once: waiting for the short request's first
+	// token let a loaded machine finish all 200 decodes before the long
+	// prompt arrived.
 	long := &Request{Prompt: randPrompt(rng, nil, 100), MaxTokens: 2, IgnoreEOS: true}
 	lch, err := e.Submit(context.Background(), long)
 	if err != nil {
 		t.Fatal(err)
 	}
+	first := <-short
 	// While the 100-token prompt (sequence 1) is prefilled in chunks
 	// (≥ 13 steps), the short request (sequence 0) must be in every step.
 	tokens := len(first.Tokens)
