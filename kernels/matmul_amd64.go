@@ -86,6 +86,8 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 		return &gemmQ4KFns
 	case packQ6K:
 		return &gemmQ6KFns
+	case packQ5C:
+		return &gemmQ5CFns
 	}
 	return &gemmSM16_Fns
 }

@@ -187,6 +187,32 @@ func gemmQ6K8(w *byte, x *int8, st *float32, out *float32, nb int)
 var gemmQ6KFns = [9]gemmKernel{nil, gemmQ6K1, gemmQ6K2, gemmQ6K3, gemmQ6K4, gemmQ6K5, gemmQ6K6, gemmQ6K7, gemmQ6K8}
 
 //go:noescape
+func gemmQ5C1(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C2(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C3(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C4(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C5(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C6(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C7(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5C8(w *byte, x *int8, st *float32, out *float32, nb int)
+
+var gemmQ5CFns = [9]gemmKernel{nil, gemmQ5C1, gemmQ5C2, gemmQ5C3, gemmQ5C4, gemmQ5C5, gemmQ5C6, gemmQ5C7, gemmQ5C8}
+
+//go:noescape
 func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 //go:noescape

@@ -31,6 +31,9 @@ import (
 //	packQ6K:  Q6_K only, per 256-column super-block: 16 f16 d, then 16 ×
 //	          [128 B low nibbles, 64 B high bit pairs, 16 B int8 scales]:
 //	          0.82 B/weight like Q6_K itself (AVX-512 only; else packQ8S16).
+//	packQ5C:  Q5_0 only, block 32: [256 B low nibbles as packQ4C, 64 B
+//	          fifth-bit plane, 16 f16 d]: 0.69 B/weight like Q5_0 (AVX-512
+//	          only). w = d·(u − 16)
 //	packSM16: block 16: 4 chunks × 64 B (u8), then 16 f32 scales S and 16
 //	          f32 offsets M. w = S·u + M. Any block format fits (K-quants).
 type packKind uint8
@@ -44,6 +47,7 @@ const (
 	packQ8S16
 	packQ4K
 	packQ6K
+	packQ5C
 )
 
 // actKind is how activations are quantized for a weight type: like ggml's
@@ -82,6 +86,8 @@ func (k packKind) tileBytes() int {
 		return 288 + 64/8 // the super-block header spread over its 8 blocks
 	case packQ6K:
 		return 208 + 32/16
+	case packQ5C:
+		return 352
 	}
 	return 0
 }
@@ -126,7 +132,12 @@ func pack(p *Pool, m *Matrix) *packed {
 		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 4}
 	case quant.Q5_K, quant.Q2_K:
 		pk = packed{kind: packSM16, act: actQ8_K, block: 16, k: 1}
-	case quant.Q5_0, quant.Q5_1:
+	case quant.Q5_0:
+		pk = packed{kind: packQ5C, act: actQ8_0, block: 32, k: 16}
+		if useAVX2 {
+			pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
+		}
+	case quant.Q5_1:
 		pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
 	default:
 		return noPack
@@ -170,6 +181,8 @@ func pack(p *Pool, m *Matrix) *packed {
 					packRowQ4K(dst, src, r, pk.nb/8)
 				case packQ6K:
 					packRowQ6K(dst, src, r, pk.nb/16)
+				case packQ5C:
+					packRowQ5C(dst, src, r, pk.nb)
 				}
 			}
 		}
@@ -244,6 +257,27 @@ func packRowQ4K(dst, src []byte, r, nsb int) {
 				}
 				le.PutUint32(blk[k*64+r*4:], v)
 			}
+		}
+	}
+}
+
+func packRowQ5C(dst, src []byte, r, nb int) {
+	for b := 0; b < nb; b++ {
+		s := src[b*22 : b*22+22]
+		t := dst[b*352 : b*352+352]
+		t[320+2*r], t[321+2*r] = s[0], s[1]
+		qh := le.Uint32(s[2:])
+		qs := s[6:22]
+		for k := 0; k < 4; k++ {
+			le.PutUint32(t[k*64+r*4:], le.Uint32(qs[4*k:]))
+		}
+		// Byte (r, j) of the plane: bit k is the fifth bit of column 4k+j.
+		for j := 0; j < 4; j++ {
+			var v byte
+			for k := 0; k < 8; k++ {
+				v |= byte(qh>>(4*k+j)&1) << k
+			}
+			t[256+r*4+j] = v
 		}
 	}
 }
