@@ -22,7 +22,7 @@ func BenchmarkGemmKernel(b *testing.B) {
 	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.Q6_K, quant.Q5_0} {
 		m, _ := randMatrix(b, r, typ, 16, cols)
 		pk := m.packedOf()
-		fns := map[packKind]*[9]gemmKernel{packQ8C: &gemmQ8CFns, packQ4C: &gemmQ4CFns, packSM16: &gemmSM16_Fns, packQ4SM: &gemmQ4SMFns, packQ8S16: &gemmQ8S16_Fns, packQ4K: &gemmQ4KFns, packQ6K: &gemmQ6KFns, packQ5C: &gemmQ5CFns}[pk.kind]
+		fns := map[packKind]*[9]gemmKernel{packQ8C: &gemmQ8CFns, packQ4C: &gemmQ4CFns, packSM16: &gemmSM16_Fns, packQ4SM: &gemmQ4SMFns, packQ8S16: &gemmQ8S16_Fns, packQ4K: &gemmQ4KFns, packQ6K: &gemmQ6KFns, packQ5C: &gemmQ5CFns, packQ5K: &gemmQ5KFns}[pk.kind]
 		for _, n := range []int{1, 4, 8} {
 			var a actBuf
 			quantizeActs(nil, pk, randF32(r, n*cols), n, cols, &a)

@@ -88,6 +88,8 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 		return &gemmQ6KFns
 	case packQ5C:
 		return &gemmQ5CFns
+	case packQ5K:
+		return &gemmQ5KFns
 	}
 	return &gemmSM16_Fns
 }

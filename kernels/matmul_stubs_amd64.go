@@ -213,6 +213,32 @@ func gemmQ5C8(w *byte, x *int8, st *float32, out *float32, nb int)
 var gemmQ5CFns = [9]gemmKernel{nil, gemmQ5C1, gemmQ5C2, gemmQ5C3, gemmQ5C4, gemmQ5C5, gemmQ5C6, gemmQ5C7, gemmQ5C8}
 
 //go:noescape
+func gemmQ5K1(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K2(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K3(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K4(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K5(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K6(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K7(w *byte, x *int8, st *float32, out *float32, nb int)
+
+//go:noescape
+func gemmQ5K8(w *byte, x *int8, st *float32, out *float32, nb int)
+
+var gemmQ5KFns = [9]gemmKernel{nil, gemmQ5K1, gemmQ5K2, gemmQ5K3, gemmQ5K4, gemmQ5K5, gemmQ5K6, gemmQ5K7, gemmQ5K8}
+
+//go:noescape
 func gemmF32_4x1(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
 //go:noescape
