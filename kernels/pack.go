@@ -66,8 +66,8 @@ type packed struct {
 	kind       packKind
 	act        actKind
 	block      int     // columns per kernel block
-	k          float32 // implicit offset of the C kinds (128 or 8)
-	avx2       bool    // built for the AVX2 kernels (no packQ4K there)
+	k          float32 // implicit offset K (Q8_0 128, Q5_0 16, Q4_0 8, Q6_K 32, Q3_K 4); 1 for the S/M kinds
+	avx2       bool    // built for the AVX2 kernels, which read only the generic layouts
 	groups     int
 	nb         int // blocks per row
 	groupBytes int
