@@ -78,7 +78,9 @@ func dequantMXFP4(b []byte, y []float32) {
 // the first entry above x; counting the entries at or below x finds the
 // same one without the unpredictable branches.
 func bestIndexInt8(val *[16]int8, x float32) int {
-	if x <= float32(val[0]) {
+	// !(x > …) also catches NaN, which a tiny block's 1/d·x can produce
+	// (found by FuzzQuantize; testdata/fuzz keeps the input).
+	if !(x > float32(val[0])) {
 		return 0
 	}
 	if x >= float32(val[15]) {
