@@ -3,7 +3,6 @@ package convert
 import (
 	"bytes"
 	"encoding/binary"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +13,7 @@ import (
 	"strings"
 
 	"pagoda/gguf"
+	"pagoda/hf"
 	"pagoda/llama2c"
 	"pagoda/model"
 	"pagoda/quant"
@@ -257,80 +257,6 @@ func openLlama2C(path string) (*source, error) {
 
 // --- Hugging Face ---
 
-type hfConfig struct {
-	ModelType             string  `json:"model_type"`
-	VocabSize             int     `json:"vocab_size"`
-	HiddenSize            int     `json:"hidden_size"`
-	IntermediateSize      int     `json:"intermediate_size"`
-	NumHiddenLayers       int     `json:"num_hidden_layers"`
-	NumAttentionHeads     int     `json:"num_attention_heads"`
-	NumKeyValueHeads      int     `json:"num_key_value_heads"`
-	HeadDim               int     `json:"head_dim"`
-	MaxPositionEmbeddings int     `json:"max_position_embeddings"`
-	RMSNormEps            float64 `json:"rms_norm_eps"`
-	RopeTheta             float64 `json:"rope_theta"`
-	RopeScaling           *struct {
-		Type           string  `json:"type"`
-		RopeType       string  `json:"rope_type"`
-		Factor         float64 `json:"factor"`
-		LowFreqFactor  float64 `json:"low_freq_factor"`
-		HighFreqFactor float64 `json:"high_freq_factor"`
-		OriginalMaxPos int     `json:"original_max_position_embeddings"`
-	} `json:"rope_scaling"`
-	TieWordEmbeddings bool   `json:"tie_word_embeddings"`
-	HiddenAct         string `json:"hidden_act"`
-}
-
-// hfLayerNames maps the per-layer HF names to GGUF names, in the order the
-// GGUF converter writes a block.
-var hfLayerNames = []struct{ hf, gguf string }{
-	{"input_layernorm.weight", "attn_norm.weight"},
-	{"self_attn.q_proj.weight", "attn_q.weight"},
-	{"self_attn.q_proj.bias", "attn_q.bias"},
-	{"self_attn.k_proj.weight", "attn_k.weight"},
-	{"self_attn.k_proj.bias", "attn_k.bias"},
-	{"self_attn.v_proj.weight", "attn_v.weight"},
-	{"self_attn.v_proj.bias", "attn_v.bias"},
-	{"self_attn.q_norm.weight", "attn_q_norm.weight"},
-	{"self_attn.k_norm.weight", "attn_k_norm.weight"},
-	{"self_attn.o_proj.weight", "attn_output.weight"},
-	{"post_attention_layernorm.weight", "ffn_norm.weight"},
-	{"mlp.gate_proj.weight", "ffn_gate.weight"},
-	{"mlp.up_proj.weight", "ffn_up.weight"},
-	{"mlp.down_proj.weight", "ffn_down.weight"},
-}
-
-func ggufName(hf string) (string, bool) {
-	switch hf {
-	case "model.embed_tokens.weight":
-		return "token_embd.weight", true
-	case "model.norm.weight":
-		return "output_norm.weight", true
-	case "lm_head.weight":
-		return "output.weight", true
-	}
-	rest, ok := strings.CutPrefix(hf, "model.layers.")
-	if !ok {
-		return "", false
-	}
-	i := strings.IndexByte(rest, '.')
-	if i <= 0 {
-		return "", false
-	}
-	layer, suffix := rest[:i], rest[i+1:]
-	for _, c := range layer {
-		if c < '0' || c > '9' {
-			return "", false
-		}
-	}
-	for _, m := range hfLayerNames {
-		if m.hf == suffix {
-			return "blk." + layer + "." + m.gguf, true
-		}
-	}
-	return "", false
-}
-
 // canonicalRank orders tensors as the GGUF converters write them:
 // embeddings and rope_freqs, then the blocks, then the output head.
 func canonicalRank(name string) (int, int, int) {
@@ -349,12 +275,7 @@ func canonicalRank(name string) (int, int, int) {
 		return 3, 0, 0
 	}
 	rest := name[strings.IndexByte(name[4:], '.')+5:]
-	for i, m := range hfLayerNames {
-		if m.gguf == rest {
-			return 1, l, i
-		}
-	}
-	return 1, l, len(hfLayerNames)
+	return 1, l, hf.BlockOrder(rest)
 }
 
 func sortCanonical(ts []*srcTensor) {
@@ -375,46 +296,15 @@ func sortCanonical(ts []*srcTensor) {
 }
 
 func openHF(dir string) (*source, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	hc, err := hf.ReadConfig(dir)
 	if err != nil {
 		return nil, err
 	}
-	var hc hfConfig
-	if err := json.Unmarshal(b, &hc); err != nil {
-		return nil, fmt.Errorf("config.json: %v", err)
-	}
-	var arch string
-	neox := false
-	switch hc.ModelType {
-	case "llama", "mistral":
-		arch = "llama"
-	case "qwen2", "qwen3":
-		arch, neox = hc.ModelType, true
-	default:
-		return nil, fmt.Errorf("config.json: model_type %q not supported (supported: llama, mistral, qwen2, qwen3)", hc.ModelType)
-	}
-	if hc.HiddenAct != "" && hc.HiddenAct != "silu" {
-		return nil, fmt.Errorf("config.json: hidden_act %q not supported", hc.HiddenAct)
-	}
-	if hc.NumHiddenLayers <= 0 || hc.HiddenSize <= 0 || hc.NumAttentionHeads <= 0 || hc.IntermediateSize <= 0 {
+	arch := hc.Arch
+	if hc.NumLayers <= 0 || hc.HiddenSize <= 0 || hc.NumHeads <= 0 || hc.IntermediateSize <= 0 {
 		return nil, fmt.Errorf("config.json: num_hidden_layers, hidden_size, num_attention_heads and intermediate_size must be positive")
 	}
-	kvHeads := hc.NumKeyValueHeads
-	if kvHeads == 0 {
-		kvHeads = hc.NumAttentionHeads
-	}
-	headDim := hc.HeadDim
-	if headDim == 0 {
-		headDim = hc.HiddenSize / hc.NumAttentionHeads
-	}
-	theta := hc.RopeTheta
-	if theta == 0 {
-		theta = 10000
-	}
-	eps := hc.RMSNormEps
-	if eps == 0 {
-		eps = 1e-6
-	}
+	kvHeads, headDim, theta, eps := hc.NumKVHeads, hc.HeadDim, hc.RopeTheta, hc.RMSEps
 	ctx := hc.MaxPositionEmbeddings
 	if ctx <= 0 {
 		ctx = 2048
@@ -443,9 +333,9 @@ func openHF(dir string) (*source, error) {
 		{a + "vocab_size", uint32(vocab)},
 		{a + "context_length", uint32(ctx)},
 		{a + "embedding_length", uint32(hc.HiddenSize)},
-		{a + "block_count", uint32(hc.NumHiddenLayers)},
+		{a + "block_count", uint32(hc.NumLayers)},
 		{a + "feed_forward_length", uint32(hc.IntermediateSize)},
-		{a + "attention.head_count", uint32(hc.NumAttentionHeads)},
+		{a + "attention.head_count", uint32(hc.NumHeads)},
 		{a + "attention.head_count_kv", uint32(kvHeads)},
 		{a + "attention.key_length", uint32(headDim)},
 		{a + "attention.value_length", uint32(headDim)},
@@ -454,28 +344,19 @@ func openHF(dir string) (*source, error) {
 		{a + "attention.layer_norm_rms_epsilon", float32(eps)},
 	}
 	var ropeFreqs []float32
-	if rs := hc.RopeScaling; rs != nil {
-		kind := rs.RopeType
-		if kind == "" {
-			kind = rs.Type
-		}
-		switch kind {
-		case "llama3":
-			// llama.cpp's converter bakes Llama-3.1 scaling into a
-			// rope_freqs tensor; the loaders read it from there.
-			ropeFreqs = model.Llama3RopeFreqs(headDim, theta, rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPos)
-		case "linear":
-			meta = append(meta, struct {
-				k string
-				v any
-			}{a + "rope.scaling.type", "linear"}, struct {
-				k string
-				v any
-			}{a + "rope.scaling.factor", float32(rs.Factor)})
-		case "", "default":
-		default:
-			return fail(fmt.Errorf("config.json: rope_scaling type %q not supported", kind))
-		}
+	switch rs := hc.RopeScaling; rs.Kind {
+	case "llama3":
+		// llama.cpp's converter bakes Llama-3.1 scaling into a
+		// rope_freqs tensor; the loaders read it from there.
+		ropeFreqs = model.Llama3RopeFreqs(headDim, theta, rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPos)
+	case "linear":
+		meta = append(meta, struct {
+			k string
+			v any
+		}{a + "rope.scaling.type", "linear"}, struct {
+			k string
+			v any
+		}{a + "rope.scaling.factor", float32(rs.Factor)})
 	}
 	for _, e := range meta {
 		if err := s.setKV(e.k, e.v); err != nil {
@@ -488,7 +369,7 @@ func openHF(dir string) (*source, error) {
 		if strings.HasSuffix(hn, "rotary_emb.inv_freq") {
 			continue // recomputed from rope_theta
 		}
-		name, ok := ggufName(hn)
+		name, ok := hf.GGUFName(hn)
 		if !ok {
 			return fail(fmt.Errorf("tensor %q: no GGUF name for it (supported: llama, mistral, qwen2, qwen3 layouts)", hn))
 		}
@@ -496,7 +377,8 @@ func openHF(dir string) (*source, error) {
 			continue
 		}
 		t, _ := set.Tensor(hn)
-		st, err := hfTensor(name, t, arch, neox, hc.NumAttentionHeads, kvHeads)
+		heads, permute := hc.PermutedHeads(name)
+		st, err := hfTensor(name, t, permute, heads)
 		if err != nil {
 			return fail(fmt.Errorf("tensor %q: %w", hn, err))
 		}
@@ -521,17 +403,11 @@ func f32Bytes(v []float32) []byte {
 
 // hfTensor wraps one safetensors tensor: dims reversed to ggml order, 1-D
 // tensors widened to F32 (as llama.cpp's converter stores norms and
-// biases), and llama q/k rows taken out of the rotate-half order HF uses.
-func hfTensor(name string, t *safetensors.Tensor, arch string, neox bool, heads, kvHeads int) (*srcTensor, error) {
-	var typ quant.Type
-	switch t.DType {
-	case "F32":
-		typ = quant.F32
-	case "F16":
-		typ = quant.F16
-	case "BF16":
-		typ = quant.BF16
-	default:
+// biases), and, when permute is set, llama q/k rows taken out of the
+// rotate-half order HF uses.
+func hfTensor(name string, t *safetensors.Tensor, permute bool, heads int) (*srcTensor, error) {
+	typ, ok := hf.TensorType(t.DType)
+	if !ok {
 		return nil, fmt.Errorf("dtype %s not supported (F32, F16, BF16)", t.DType)
 	}
 	if len(t.Shape) == 0 || len(t.Shape) > 4 {
@@ -558,11 +434,7 @@ func hfTensor(name string, t *safetensors.Tensor, arch string, neox bool, heads,
 		return st, nil
 	}
 	st.data = func() ([]byte, error) { return raw, nil }
-	if !neox && len(dims) == 2 && (strings.HasSuffix(name, ".attn_q.weight") || strings.HasSuffix(name, ".attn_k.weight")) {
-		h := heads
-		if strings.HasSuffix(name, ".attn_k.weight") {
-			h = kvHeads
-		}
+	if h := heads; permute && len(dims) == 2 {
 		rows := int(dims[1])
 		if h <= 0 || rows%h != 0 || (rows/h)%2 != 0 {
 			return nil, fmt.Errorf("%d rows do not split into %d heads of even size", rows, h)
@@ -571,27 +443,15 @@ func hfTensor(name string, t *safetensors.Tensor, arch string, neox bool, heads,
 		if err != nil {
 			return nil, err
 		}
-		st.data = func() ([]byte, error) { return unpermute(raw, rb, rows, h), nil }
-	}
-	return st, nil
-}
-
-// unpermute reorders each head's rows from HF's [x_0..x_{h/2-1}, y_0..]
-// (rotate-half) to [x_0, y_0, x_1, y_1, …], the adjacent pairs of ggml's
-// "normal" rope, undoing the permutation llama.cpp's converter applies.
-func unpermute(data []byte, rowBytes, rows, heads int) []byte {
-	hd := rows / heads
-	out := make([]byte, rows*rowBytes)
-	for h := 0; h < heads; h++ {
-		for i := 0; i < hd/2; i++ {
-			for j := 0; j < 2; j++ {
-				dst := h*hd + 2*i + j
-				src := h*hd + j*(hd/2) + i
-				copy(out[dst*rowBytes:(dst+1)*rowBytes], data[src*rowBytes:(src+1)*rowBytes])
+		st.data = func() ([]byte, error) {
+			out := hf.Unpermute(raw, rb, rows, h)
+			if out == nil {
+				return nil, fmt.Errorf("%d bytes for %d rows of %d", len(raw), rows, rb)
 			}
+			return out, nil
 		}
 	}
-	return out
+	return st, nil
 }
 
 // --- tokenizers ---

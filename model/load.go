@@ -1,14 +1,13 @@
 package model
 
 import (
-	"encoding/json"
 	"fmt"
 	"io"
 	"os"
-	"path/filepath"
 	"strings"
 
 	"pagoda/gguf"
+	"pagoda/hf"
 	"pagoda/kernels"
 	"pagoda/llama2c"
 	"pagoda/quant"
@@ -263,99 +262,26 @@ func configFromLlama2C(lc llama2c.Config) *Config {
 
 // --- Hugging Face ---
 
-type hfConfig struct {
-	ModelType             string          `json:"model_type"`
-	Architectures         []string        `json:"architectures"`
-	VocabSize             int             `json:"vocab_size"`
-	HiddenSize            int             `json:"hidden_size"`
-	IntermediateSize      int             `json:"intermediate_size"`
-	NumHiddenLayers       int             `json:"num_hidden_layers"`
-	NumAttentionHeads     int             `json:"num_attention_heads"`
-	NumKeyValueHeads      int             `json:"num_key_value_heads"`
-	HeadDim               int             `json:"head_dim"`
-	MaxPositionEmbeddings int             `json:"max_position_embeddings"`
-	RMSNormEps            float64         `json:"rms_norm_eps"`
-	RopeTheta             float64         `json:"rope_theta"`
-	RopeScaling           *hfRopeScaling  `json:"rope_scaling"`
-	TieWordEmbeddings     bool            `json:"tie_word_embeddings"`
-	AttentionBias         bool            `json:"attention_bias"`
-	SlidingWindow         json.RawMessage `json:"sliding_window"`
-	UseSlidingWindow      *bool           `json:"use_sliding_window"`
-	HiddenAct             string          `json:"hidden_act"`
-}
-
-type hfRopeScaling struct {
-	Type           string  `json:"type"`
-	RopeType       string  `json:"rope_type"`
-	Factor         float64 `json:"factor"`
-	LowFreqFactor  float64 `json:"low_freq_factor"`
-	HighFreqFactor float64 `json:"high_freq_factor"`
-	OriginalMaxPos int     `json:"original_max_position_embeddings"`
-}
-
 type hfSource struct {
 	set  *safetensors.Set
-	cfg  *Config
+	hc   *hf.Config
 	perm map[string]*rawTensor // q/k weights with the rotate-half permutation undone
-}
-
-var hfNames = map[string]string{
-	"attn_norm.weight":   "input_layernorm.weight",
-	"attn_q.weight":      "self_attn.q_proj.weight",
-	"attn_k.weight":      "self_attn.k_proj.weight",
-	"attn_v.weight":      "self_attn.v_proj.weight",
-	"attn_output.weight": "self_attn.o_proj.weight",
-	"attn_q.bias":        "self_attn.q_proj.bias",
-	"attn_k.bias":        "self_attn.k_proj.bias",
-	"attn_v.bias":        "self_attn.v_proj.bias",
-	"attn_q_norm.weight": "self_attn.q_norm.weight",
-	"attn_k_norm.weight": "self_attn.k_norm.weight",
-	"ffn_norm.weight":    "post_attention_layernorm.weight",
-	"ffn_gate.weight":    "mlp.gate_proj.weight",
-	"ffn_up.weight":      "mlp.up_proj.weight",
-	"ffn_down.weight":    "mlp.down_proj.weight",
-}
-
-func hfName(name string) string {
-	switch name {
-	case "token_embd.weight":
-		return "model.embed_tokens.weight"
-	case "output_norm.weight":
-		return "model.norm.weight"
-	case "output.weight":
-		return "lm_head.weight"
-	}
-	var layer int
-	var rest string
-	if n, _ := fmt.Sscanf(name, "blk.%d.%s", &layer, &rest); n == 2 {
-		if hf, ok := hfNames[rest]; ok {
-			return fmt.Sprintf("model.layers.%d.%s", layer, hf)
-		}
-	}
-	return ""
 }
 
 func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	if t, ok := s.perm[name]; ok {
 		return t, true
 	}
-	hn := hfName(name)
-	if hn == "" {
+	hn, ok := hf.HFName(name)
+	if !ok {
 		return nil, false
 	}
 	t, ok := s.set.Tensor(hn)
 	if !ok {
 		return nil, false
 	}
-	var typ quant.Type
-	switch t.DType {
-	case "F32":
-		typ = quant.F32
-	case "F16":
-		typ = quant.F16
-	case "BF16":
-		typ = quant.BF16
-	default:
+	typ, ok := hf.TensorType(t.DType)
+	if !ok {
 		// An unsupported dtype reaches the binder as an unknown type
 		// with a name in the error.
 		return &rawTensor{Type: quant.Type(0xFFFF), DType: t.DType}, true
@@ -367,116 +293,63 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	rt := &rawTensor{Type: typ, Dims: dims, Data: t.Data}
 	// HF llama checkpoints store q/k rows in the rotate-half order; ggml's
 	// "normal" rope wants adjacent pairs, as llama.cpp's converter
-	// arranges them.
-	if !s.cfg.RopeNeox && (strings.HasSuffix(name, "attn_q.weight") || strings.HasSuffix(name, "attn_k.weight")) && len(dims) == 2 {
-		heads := s.cfg.NHead
-		if strings.HasSuffix(name, "attn_k.weight") {
-			heads = s.cfg.NKVHead
-		}
-		p, err := unpermute(rt, heads)
+	// arranges them. Rows that do not split into heads are left as they
+	// are for the binder's shape check to reject.
+	if heads, ok := s.hc.PermutedHeads(name); ok && len(dims) == 2 {
+		rb, err := quant.RowSize(typ, int(dims[0]))
 		if err == nil {
-			s.perm[name] = p
-			return p, true
+			if data := hf.Unpermute(t.Data, rb, int(dims[1]), heads); data != nil {
+				p := &rawTensor{Type: typ, Dims: dims, Data: data}
+				s.perm[name] = p
+				return p, true
+			}
 		}
 	}
 	return rt, true
 }
 
-func (s *hfSource) fileName(name string) string { return hfName(name) }
-
-// unpermute reorders the rows of each head from [x_0..x_{h/2-1}, y_0..] to
-// [x_0, y_0, x_1, y_1, …].
-func unpermute(t *rawTensor, heads int) (*rawTensor, error) {
-	rows := int(t.Dims[1])
-	rb, err := quant.RowSize(t.Type, int(t.Dims[0]))
-	if err != nil || heads <= 0 || rows%heads != 0 || len(t.Data) < rows*rb {
-		return nil, fmt.Errorf("cannot unpermute")
-	}
-	hd := rows / heads
-	out := make([]byte, rows*rb)
-	for h := 0; h < heads; h++ {
-		for i := 0; i < hd/2; i++ {
-			for j := 0; j < 2; j++ {
-				dst := h*hd + 2*i + j
-				src := h*hd + j*(hd/2) + i
-				copy(out[dst*rb:(dst+1)*rb], t.Data[src*rb:(src+1)*rb])
-			}
-		}
-	}
-	return &rawTensor{Type: t.Type, Dims: t.Dims, Data: out}, nil
+func (s *hfSource) fileName(name string) string {
+	hn, _ := hf.HFName(name)
+	return hn
 }
 
 func openHF(dir string) (*Config, source, io.Closer, error) {
-	b, err := os.ReadFile(filepath.Join(dir, "config.json"))
+	hc, err := hf.ReadConfig(dir)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	var hc hfConfig
-	if err := json.Unmarshal(b, &hc); err != nil {
-		return nil, nil, nil, fmt.Errorf("config.json: %v", err)
-	}
 	c := &Config{
-		NLayer:     hc.NumHiddenLayers,
-		NEmbd:      hc.HiddenSize,
-		NHead:      hc.NumAttentionHeads,
-		NKVHead:    hc.NumKeyValueHeads,
-		HeadDim:    hc.HeadDim,
-		FFN:        hc.IntermediateSize,
-		VocabSize:  hc.VocabSize,
-		ContextLen: hc.MaxPositionEmbeddings,
-		RopeTheta:  hc.RopeTheta,
-		RopeScale:  1,
-		RMSEps:     float32(hc.RMSNormEps),
-		TiedOutput: hc.TieWordEmbeddings,
+		Arch:          hc.Arch,
+		NLayer:        hc.NumLayers,
+		NEmbd:         hc.HiddenSize,
+		NHead:         hc.NumHeads,
+		NKVHead:       hc.NumKVHeads,
+		HeadDim:       hc.HeadDim,
+		RopeDim:       hc.HeadDim,
+		FFN:           hc.IntermediateSize,
+		VocabSize:     hc.VocabSize,
+		ContextLen:    hc.MaxPositionEmbeddings,
+		RopeTheta:     hc.RopeTheta,
+		RopeNeox:      hc.RopeNeox,
+		RopeScale:     1,
+		RMSEps:        float32(hc.RMSEps),
+		SlidingWindow: hc.SlidingWindow,
+		TiedOutput:    hc.TieWordEmbeddings,
 	}
-	switch hc.ModelType {
-	case "llama", "mistral":
-		c.Arch = "llama"
+	switch hc.Arch {
+	case "llama":
 		c.QKVBias = hc.AttentionBias
 	case "qwen2":
-		c.Arch, c.RopeNeox, c.QKVBias = "qwen2", true, true
+		c.QKVBias = true
 	case "qwen3":
-		c.Arch, c.RopeNeox, c.QKNorm = "qwen3", true, true
-	default:
-		return nil, nil, nil, fmt.Errorf("config.json: model_type %q not supported (supported: llama, mistral, qwen2, qwen3)", hc.ModelType)
+		c.QKNorm = true
 	}
-	if hc.HiddenAct != "" && hc.HiddenAct != "silu" {
-		return nil, nil, nil, fmt.Errorf("config.json: hidden_act %q not supported", hc.HiddenAct)
-	}
-	if c.NKVHead == 0 {
-		c.NKVHead = c.NHead
-	}
-	if c.HeadDim == 0 && c.NHead > 0 {
-		c.HeadDim = c.NEmbd / c.NHead
-	}
-	c.RopeDim = c.HeadDim
-	if c.RopeTheta == 0 {
-		c.RopeTheta = 10000
-	}
-	if c.RMSEps == 0 {
-		c.RMSEps = 1e-6
-	}
-	var sw int
-	if len(hc.SlidingWindow) > 0 && json.Unmarshal(hc.SlidingWindow, &sw) == nil && sw > 0 {
-		if hc.UseSlidingWindow == nil || *hc.UseSlidingWindow {
-			c.SlidingWindow = sw
-		}
-	}
-	if rs := hc.RopeScaling; rs != nil {
-		kind := rs.RopeType
-		if kind == "" {
-			kind = rs.Type
-		}
-		switch kind {
-		case "llama3":
-			c.RopeFreqs = Llama3RopeFreqs(c.RopeDim, c.RopeTheta, rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPos)
-		case "linear":
-			if rs.Factor > 0 {
-				c.RopeScale = rs.Factor
-			}
-		case "", "default":
-		default:
-			return nil, nil, nil, fmt.Errorf("config.json: rope_scaling type %q not supported", kind)
+	switch rs := hc.RopeScaling; rs.Kind {
+	case "llama3":
+		c.RopeFreqs = Llama3RopeFreqs(c.RopeDim, c.RopeTheta, rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPos)
+	case "linear":
+		if rs.Factor > 0 {
+			c.RopeScale = rs.Factor
 		}
 	}
 	if err := c.Validate(); err != nil {
@@ -489,5 +362,5 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 	if _, ok := set.Tensor("lm_head.weight"); !ok {
 		c.TiedOutput = true
 	}
-	return c, &hfSource{set: set, cfg: c, perm: map[string]*rawTensor{}}, set, nil
+	return c, &hfSource{set: set, hc: hc, perm: map[string]*rawTensor{}}, set, nil
 }
