@@ -58,22 +58,19 @@ func (f *FlatCache) Attend(layer int, seq, n int32, q, out []float32, p AttnPara
 	if p.Window > 0 && int(n) > p.Window {
 		lo = int(n) - p.Window
 	}
-	base := f.off(layer, seq, 0)
-	scores := make([]float32, int(n)-lo)
+	base := f.off(layer, seq, 0) + lo*f.kvd
+	n0 := int(n) - lo
+	scores := make([]float32, n0)
+	end := base + (n0-1)*f.kvd
 	for h := 0; h < p.NHead; h++ {
 		kh := (h / group) * hd
 		qh := q[h*hd : (h+1)*hd]
-		for t := lo; t < int(n); t++ {
-			o := base + t*f.kvd + kh
-			scores[t-lo] = kernels.DotF32(qh, f.k[o:o+hd]) * p.Scale
-		}
+		kernels.AttnScoresF32(scores, qh, f.k[base+kh:end+kh+hd], f.kvd)
+		kernels.ScaleF32(scores, p.Scale)
 		kernels.Softmax(scores)
 		oh := out[h*hd : (h+1)*hd]
 		clear(oh)
-		for t := lo; t < int(n); t++ {
-			o := base + t*f.kvd + kh
-			kernels.AxpyF32(oh, scores[t-lo], f.v[o:o+hd])
-		}
+		kernels.AttnMixF32(oh, scores, f.v[base+kh:end+kh+hd], f.kvd)
 	}
 }
 

@@ -184,7 +184,13 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 		// Every token's K/V is stored before any token attends, so a
 		// prefill chunk sees itself causally through the cache.
 		attend := func(lo, hi int) {
-			for i := lo; i < hi; i++ {
+			for j := lo; j < hi; j++ {
+				// Pair short and long causal rows (0, T-1, 1, T-2, …) so
+				// the pool's contiguous ranges carry equal work.
+				i := j / 2
+				if j%2 == 1 {
+					i = T - 1 - j/2
+				}
 				kv.Attend(li, b.Seq[i], b.Pos[i]+1, s.q[i*qd:(i+1)*qd], s.att[i*qd:(i+1)*qd], ap)
 			}
 		}
