@@ -10,6 +10,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"os/exec"
 	"runtime"
 	"runtime/debug"
 	"strings"
@@ -179,6 +180,15 @@ func Commit() string {
 			}
 			return rev
 		}
+	}
+	// Builds with -buildvcs=false (some environments set it in GOFLAGS)
+	// carry no revision: ask git about the working directory instead.
+	if out, err := exec.Command("git", "rev-parse", "--short=12", "HEAD").Output(); err == nil {
+		rev := strings.TrimSpace(string(out))
+		if st, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(st) > 0 {
+			rev += "+dirty"
+		}
+		return rev + " (git)"
 	}
 	return "unknown"
 }
