@@ -109,12 +109,6 @@ func (c *Config) Params() int64 {
 	return n
 }
 
-// KVBytesPerToken is the KV-cache size of one token at the given bytes per
-// element (4 for f32, 2 for f16).
-func (c *Config) KVBytesPerToken(elemBytes int) int64 {
-	return int64(2*c.NLayer*c.NKVHead*c.HeadDim) * int64(elemBytes)
-}
-
 // Llama3RopeFreqs computes the per-pair divisors of Llama-3.1 rope scaling,
 // as llama.cpp's converter writes them into rope_freqs.weight.
 func Llama3RopeFreqs(headDim int, theta, factor, lowFreqFactor, highFreqFactor float64, origCtx int) []float32 {

@@ -1,7 +1,6 @@
 package model
 
 import (
-	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -178,15 +177,6 @@ func bindVector(src source, name string, n int, optional bool) ([]float32, error
 		}
 	}
 	return out, nil
-}
-
-// f32Bytes views float32 values as little-endian bytes (copying).
-func f32Bytes(v []float32) []byte {
-	b := make([]byte, 4*len(v))
-	for i, x := range v {
-		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
-	}
-	return b
 }
 
 // Matrices lists every 2-D weight a forward pass reads, each once (the

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"pagoda/gguf"
+	"pagoda/kvcache"
 	"pagoda/model"
 )
 
@@ -85,8 +86,10 @@ func runInspect(args []string) error {
 		parts = append(parts, fmt.Sprintf("%s×%d", k, types[k]))
 	}
 	fmt.Fprintf(w, "matrices      %s (%.2f MB)\n", strings.Join(parts, ", "), float64(bytes)/1e6)
+	shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
+	f16 := kvcache.KVBytesPerToken(shape, kvcache.F16)
 	fmt.Fprintf(w, "KV per token  %d bytes f16, %d bytes f32 (%.1f MB f16 at full context)\n",
-		c.KVBytesPerToken(2), c.KVBytesPerToken(4), float64(c.KVBytesPerToken(2)*int64(c.ContextLen))/1e6)
+		f16, kvcache.KVBytesPerToken(shape, kvcache.F32), float64(f16*int64(c.ContextLen))/1e6)
 	if tok := m.Tokenizer(); tok != nil {
 		v := tok.Vocab()
 		fmt.Fprintf(w, "tokenizer     %s (pre %q), %d tokens, BOS %d EOS %d, add BOS %v\n", v.Model, v.Pre, v.Size(), v.BOS, v.EOS, v.AddBOS)
