@@ -476,3 +476,25 @@ func TestRunExactArithmetic(t *testing.T) {
 		}
 	}
 }
+
+// KV waste is the share of empty slots over the run: the change in the
+// reserved counter over the change in both.
+func TestKVWasteFromCounters(t *testing.T) {
+	before := map[string]float64{"pagoda:kv_slots_filled_total": 1000, "pagoda:kv_slots_reserved_total": 100}
+	after := map[string]float64{"pagoda:kv_slots_filled_total": 10600, "pagoda:kv_slots_reserved_total": 500}
+	var r Result
+	r.serverExtras(before, after)
+	if r.KVWaste == nil || math.Abs(*r.KVWaste-400.0/10000) > 1e-12 {
+		t.Fatalf("waste %v, want 0.04", r.KVWaste)
+	}
+	var buf strings.Builder
+	r.Print(&buf)
+	if !strings.Contains(buf.String(), "KV-cache waste (%):") || !strings.Contains(buf.String(), "4.00") {
+		t.Fatalf("printout lacks the waste line:\n%s", buf.String())
+	}
+	var none Result
+	none.serverExtras(map[string]float64{}, map[string]float64{"vllm:prefix_cache_hits_total": 1})
+	if none.KVWaste != nil {
+		t.Fatal("waste reported without Pagoda's counters")
+	}
+}
