@@ -64,6 +64,11 @@ type Config struct {
 	Bytes                    int64 // budget for K and V of all layers
 	DType                    DType
 	PrefixCache              bool // register full blocks for reuse across requests
+	// Window > 0 is the model's sliding window (Mistral): a block whose
+	// positions no later token can attend to is released as soon as the
+	// sequence has computed past it, so a sequence holds about
+	// Window/BlockSize+1 blocks however long it grows.
+	Window int
 }
 
 // BlockBytes is the storage of one block over all layers, K and V.
@@ -77,10 +82,17 @@ func (c Config) BlockBytes() int64 {
 
 // seqTable is one sequence's view of the pool.
 type seqTable struct {
+	// blocks maps logical block i to a physical block; the first dead
+	// entries are released (released, -1) on a sliding-window cache, kept
+	// as tombstones so logical positions stay where they were.
 	blocks []int32
 	hashes []uint64 // chain hashes of the leading full blocks
 	filled int      // tokens the sequence has claimed slots for
+	dead   int      // leading released blocks
 }
+
+// released marks a block table entry whose block a sliding window let go.
+const released = -1
 
 // Cache is the paged KV cache: block pool, block tables and storage. It is
 // not safe for concurrent mutation: one goroutine (the engine's) allocates
@@ -126,6 +138,9 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.NumBlocks < 0 {
 		return nil, fmt.Errorf("kvcache: %d blocks", cfg.NumBlocks)
 	}
+	if cfg.Window < 0 {
+		return nil, fmt.Errorf("kvcache: sliding window %d", cfg.Window)
+	}
 	c := &Cache{
 		cfg:    cfg,
 		bs:     cfg.BlockSize,
@@ -164,6 +179,38 @@ func (c *Cache) Pool() *Pool { return c.pool }
 // blocksFor is the number of blocks n tokens take.
 func (c *Cache) blocksFor(n int) int { return (n + c.bs - 1) / c.bs }
 
+// deadBlocks is the number of leading blocks no token at position next or
+// later can attend to: token p sees positions from p+1-Window on, so block
+// i is dead once (i+1)·BlockSize <= next+1-Window.
+func (c *Cache) deadBlocks(next int) int {
+	if c.cfg.Window <= 0 || next+1-c.cfg.Window <= 0 {
+		return 0
+	}
+	return (next + 1 - c.cfg.Window) / c.bs
+}
+
+// MaxSeqBlocks is the most blocks one sequence holds while computing a
+// step of chunk tokens on a sliding-window cache (0 when there is no
+// window: the bound is then the whole sequence). Live positions are
+// [c+1-Window, c+chunk) for a step starting at c.
+func (c *Cache) MaxSeqBlocks(chunk int) int {
+	if c.cfg.Window <= 0 {
+		return 0
+	}
+	return (c.cfg.Window+chunk-2)/c.bs + 2
+}
+
+// slide releases the blocks of t that no token at position next or later
+// can attend to. A registered block released here stays in the prefix
+// cache (at the tail of the free queue) for other requests to reuse.
+func (c *Cache) slide(t *seqTable, next int) {
+	k := min(c.deadBlocks(next), len(t.blocks))
+	for ; t.dead < k; t.dead++ {
+		c.pool.release(t.blocks[t.dead])
+		t.blocks[t.dead] = released
+	}
+}
+
 // Lookup returns the blocks of the longest cached prefix of tokens, whole
 // blocks only, and at most len(tokens)-1 tokens: the last token is always
 // recomputed so the model yields its logits. It changes nothing; pass the
@@ -177,7 +224,7 @@ func (c *Cache) Lookup(tokens []int32, extra uint64) []int32 {
 	for i := 0; (i+1)*c.bs <= len(tokens)-1; i++ {
 		blk := tokens[i*c.bs : (i+1)*c.bs]
 		h = BlockHash(h, blk, extra)
-		id, ok := c.pool.lookup(h, blk)
+		id, ok := c.pool.lookup(h, blk, extra)
 		if !ok {
 			break
 		}
@@ -208,7 +255,7 @@ func (c *Cache) need(seq int32, hit []int32, from, upto int) int {
 	if t != nil {
 		have = len(t.blocks)
 		for i := from / c.bs; i < len(t.blocks) && i*c.bs < upto; i++ {
-			if c.pool.blocks[t.blocks[i]].ref > 1 {
+			if id := t.blocks[i]; id != released && c.pool.blocks[id].ref > 1 {
 				cow++
 			}
 		}
@@ -217,8 +264,9 @@ func (c *Cache) need(seq int32, hit []int32, from, upto int) int {
 	if n < 0 {
 		n = 0
 	}
-	for _, id := range hit {
-		if c.pool.blocks[id].ref == 0 {
+	dead := c.deadBlocks(from)
+	for i, id := range hit {
+		if i >= dead && c.pool.blocks[id].ref == 0 {
 			n++
 		}
 	}
@@ -229,7 +277,9 @@ func (c *Cache) need(seq int32, hit []int32, from, upto int) int {
 // blocks hit (from Lookup, only for a sequence without blocks yet), copies
 // any block shared with another sequence that tokens [from, upto) will be
 // written into (copy-on-write), and appends fresh blocks. It returns false
-// and changes nothing when the pool cannot supply enough blocks.
+// and changes nothing when the pool cannot supply enough blocks. On a
+// sliding-window cache, hit blocks that no token from position from on can
+// see are recorded as released without being claimed.
 func (c *Cache) Allocate(seq int32, hit []int32, from, upto int) bool {
 	t := c.tables[seq]
 	if len(hit) > 0 && t != nil && len(t.blocks) > 0 {
@@ -242,14 +292,20 @@ func (c *Cache) Allocate(seq int32, hit []int32, from, upto int) bool {
 		t = &seqTable{}
 		c.tables[seq] = t
 	}
-	for _, id := range hit {
+	dead := c.deadBlocks(from)
+	for i, id := range hit {
+		t.hashes = append(t.hashes, c.pool.blocks[id].hash)
+		if i < dead {
+			t.blocks = append(t.blocks, released)
+			t.dead++
+			continue
+		}
 		c.pool.touch(id)
 		t.blocks = append(t.blocks, id)
-		t.hashes = append(t.hashes, c.pool.blocks[id].hash)
 	}
 	for i := from / c.bs; i < len(t.blocks) && i*c.bs < upto; i++ {
 		old := t.blocks[i]
-		if c.pool.blocks[old].ref <= 1 {
+		if old == released || c.pool.blocks[old].ref <= 1 {
 			continue
 		}
 		nb := c.pool.alloc()
@@ -266,25 +322,34 @@ func (c *Cache) Allocate(seq int32, hit []int32, from, upto int) bool {
 	return true
 }
 
-// Commit registers seq's full blocks within its first computed tokens in
-// the prefix cache (a no-op when prefix caching is off, apart from the
-// hashes it keeps for the chain).
+// Commit says seq's first computed tokens are in the cache: it registers
+// the full blocks among them in the prefix cache (when prefix caching is
+// on) and then, on a sliding-window cache, releases the blocks no later
+// token can attend to. Registration comes first, so a released block
+// stays reusable by other requests.
 func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 	t := c.tables[seq]
-	if t == nil || !c.cfg.PrefixCache {
+	if t == nil {
 		return
 	}
-	computed = min(computed, len(tokens))
-	for i := len(t.hashes); (i+1)*c.bs <= computed && i < len(t.blocks); i++ {
-		var parent uint64
-		if i > 0 {
-			parent = t.hashes[i-1]
+	if c.cfg.PrefixCache {
+		n := min(computed, len(tokens))
+		for i := len(t.hashes); (i+1)*c.bs <= n && i < len(t.blocks); i++ {
+			var parent uint64
+			if i > 0 {
+				parent = t.hashes[i-1]
+			}
+			blk := tokens[i*c.bs : (i+1)*c.bs]
+			h := BlockHash(parent, blk, extra)
+			t.hashes = append(t.hashes, h)
+			// A block released before it was registered (a prefix hit
+			// beyond the window) still extends the chain.
+			if id := t.blocks[i]; id != released {
+				c.pool.register(id, h, blk, extra)
+			}
 		}
-		blk := tokens[i*c.bs : (i+1)*c.bs]
-		h := BlockHash(parent, blk, extra)
-		t.hashes = append(t.hashes, h)
-		c.pool.register(t.blocks[i], h, blk)
 	}
+	c.slide(t, computed)
 }
 
 // Free releases all of seq's blocks. The tail blocks go back to the free
@@ -294,7 +359,7 @@ func (c *Cache) Free(seq int32) {
 	if t == nil {
 		return
 	}
-	for i := len(t.blocks) - 1; i >= 0; i-- {
+	for i := len(t.blocks) - 1; i >= t.dead; i-- {
 		c.pool.release(t.blocks[i])
 	}
 	delete(c.tables, seq)
@@ -314,15 +379,17 @@ func (c *Cache) Fork(parent, child int32) error {
 		blocks: append([]int32(nil), p.blocks...),
 		hashes: append([]uint64(nil), p.hashes...),
 		filled: p.filled,
+		dead:   p.dead,
 	}
-	for _, id := range t.blocks {
+	for _, id := range t.blocks[t.dead:] {
 		c.pool.touch(id)
 	}
 	c.tables[child] = t
 	return nil
 }
 
-// Table returns seq's block ids (shared; do not modify).
+// Table returns seq's block ids (shared; do not modify); released entries
+// of a sliding-window cache are -1.
 func (c *Cache) Table(seq int32) []int32 {
 	if t := c.tables[seq]; t != nil {
 		return t.blocks
@@ -356,9 +423,9 @@ type Usage struct {
 	Seqs       int
 	BlockSize  int
 
-	// In token slots, summed per sequence (a shared block counts for each
-	// sequence using it).
-	Filled       int // tokens sequences have claimed
+	// In token slots of held blocks, summed per sequence (a shared block
+	// counts for each sequence using it).
+	Filled       int // tokens sequences have claimed, less released blocks
 	Reserved     int // slots allocated beyond the claimed tokens
 	InternalFrag int // unfilled tail of each sequence's last block
 	// ExternalFrag is free slots that cannot serve a request. Any free block
@@ -387,7 +454,7 @@ func (c *Cache) Usage() Usage {
 	u.Used = u.Blocks - u.Free
 	u.CachedFree = c.pool.cachedFree
 	for _, t := range c.tables {
-		u.Filled += t.filled
+		u.Filled += t.filled - t.dead*c.bs
 		slots := len(t.blocks) * c.bs
 		u.Reserved += slots - t.filled
 		if t.filled > 0 {
@@ -408,7 +475,17 @@ func (c *Cache) Check() error {
 	}
 	refs := make([]int32, c.pool.NumBlocks())
 	for seq, t := range c.tables {
-		for _, id := range t.blocks {
+		if t.dead > c.deadBlocks(t.filled) {
+			return fmt.Errorf("kvcache: sequence %d released %d blocks, but at %d tokens only %d are outside the window %d",
+				seq, t.dead, t.filled, c.deadBlocks(t.filled), c.cfg.Window)
+		}
+		for i, id := range t.blocks {
+			if (i < t.dead) != (id == released) {
+				return fmt.Errorf("kvcache: sequence %d block %d is %d with %d leading blocks released", seq, i, id, t.dead)
+			}
+			if id == released {
+				continue
+			}
 			if id < 0 || int(id) >= len(refs) {
 				return fmt.Errorf("kvcache: sequence %d holds bad block %d", seq, id)
 			}
@@ -436,7 +513,28 @@ func (c *Cache) slot(seq, pos int32) int {
 	if pos < 0 || b >= len(t.blocks) {
 		panic(fmt.Sprintf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(t.blocks)))
 	}
+	if b < t.dead {
+		panic(fmt.Sprintf("kvcache: sequence %d position %d is in a block released by the sliding window", seq, pos))
+	}
 	return (int(t.blocks[b])*c.bs + int(pos)%c.bs) * c.rowLen
+}
+
+// CheckPos reports an error when position pos of seq has no slot (the
+// engine allocated none, or the window released it), so the model fails
+// the forward pass instead of Store panicking.
+func (c *Cache) CheckPos(seq, pos int32) error {
+	t := c.tables[seq]
+	if t == nil {
+		return fmt.Errorf("kvcache: sequence %d has no blocks", seq)
+	}
+	b := int(pos) / c.bs
+	if pos < 0 || b >= len(t.blocks) {
+		return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(t.blocks))
+	}
+	if b < t.dead {
+		return fmt.Errorf("kvcache: sequence %d position %d is in a block released by the sliding window %d", seq, pos, c.cfg.Window)
+	}
+	return nil
 }
 
 // Store implements model.KVCache.
@@ -487,6 +585,12 @@ func (c *Cache) Attend(layer int, seq, n int32, q, out []float32, p model.AttnPa
 
 	if c.blocksFor(int(n)) > len(t.blocks) {
 		panic(fmt.Sprintf("kvcache: attend over %d positions of sequence %d with %d blocks", n, seq, len(t.blocks)))
+	}
+	// A window narrower than the model's (or none) would read blocks the
+	// cache has already handed to someone else: wrong output, silently.
+	if lo/c.bs < t.dead {
+		panic(fmt.Sprintf("kvcache: attend from position %d of sequence %d with window %d reads position %d, released by the cache window %d",
+			n-1, seq, p.Window, lo, c.cfg.Window))
 	}
 	// base is the element offset of position pos through the block table.
 	base := func(pos int) int { return (int(t.blocks[pos/c.bs])*c.bs + pos%c.bs) * c.rowLen }

@@ -25,3 +25,25 @@ func mix(x uint64) uint64 {
 	x ^= x >> 31
 	return x
 }
+
+// SaltKey folds a per-request cache salt (vLLM's cache_salt) into the
+// extra key of the hash chain, so requests with different salts never
+// share a block even for equal prompts, while an empty salt leaves extra
+// unchanged and shares with every other unsalted request. Keying every
+// block rather than only the first changes nothing: the chain already
+// makes each block's hash depend on the first's.
+func SaltKey(extra uint64, salt string) uint64 {
+	if salt == "" {
+		return extra
+	}
+	const prime = 0x100000001b3
+	h := uint64(0xcbf29ce484222325)
+	h = (h ^ mix(extra)) * prime
+	for i := 0; i < len(salt); i++ {
+		h = (h ^ uint64(salt[i])) * prime
+	}
+	// The length keeps "ab"+"" apart from "a"+"b" should salts ever be
+	// combined; the constant keeps a salted key off the unsalted one.
+	h = (h ^ uint64(len(salt))) * prime
+	return mix(h ^ 0x5a17)
+}

@@ -19,6 +19,7 @@ type blockMeta struct {
 	inFree     bool
 	hashed     bool   // registered in the prefix cache under hash
 	hash       uint64 // chain hash of the block's content
+	extra      uint64 // the chain's extra key, checked on lookup with the tokens
 	tokens     []int32
 }
 
@@ -128,7 +129,7 @@ func (p *Pool) uncache(id int32) {
 	if p.cached[b.hash] == id {
 		delete(p.cached, b.hash)
 	}
-	b.hashed, b.hash, b.tokens = false, 0, nil
+	b.hashed, b.hash, b.extra, b.tokens = false, 0, 0, nil
 	p.Evictions++
 }
 
@@ -168,7 +169,7 @@ func (p *Pool) release(id int32) {
 // register records that block id holds the full-block content tokens whose
 // chain hash is h. When another block already holds the same content the
 // first one stays the canonical copy.
-func (p *Pool) register(id int32, h uint64, tokens []int32) {
+func (p *Pool) register(id int32, h uint64, tokens []int32, extra uint64) {
 	b := &p.blocks[id]
 	if b.hashed {
 		return
@@ -176,20 +177,21 @@ func (p *Pool) register(id int32, h uint64, tokens []int32) {
 	if _, ok := p.cached[h]; ok {
 		return
 	}
-	b.hashed, b.hash = true, h
+	b.hashed, b.hash, b.extra = true, h, extra
 	b.tokens = append([]int32(nil), tokens...)
 	p.cached[h] = id
 }
 
 // lookup finds the block caching content tokens under chain hash h,
-// checking the token ids so a hash collision is a miss, not wrong output.
-func (p *Pool) lookup(h uint64, tokens []int32) (int32, bool) {
+// checking the token ids and the extra key so a hash collision is a miss,
+// not wrong output or a block shared across cache salts.
+func (p *Pool) lookup(h uint64, tokens []int32, extra uint64) (int32, bool) {
 	id, ok := p.cached[h]
 	if !ok {
 		return none, false
 	}
 	b := &p.blocks[id]
-	if len(b.tokens) != len(tokens) {
+	if b.extra != extra || len(b.tokens) != len(tokens) {
 		return none, false
 	}
 	for i, t := range tokens {
