@@ -19,6 +19,12 @@ type Request struct {
 	IgnoreEOS   bool
 	TopLogprobs int // 0 = none; >0: return that many alternatives per token (logprob of chosen always returned when Logprobs)
 	Logprobs    bool
+
+	// CacheSalt (vLLM's cache_salt) isolates prefix caching: requests
+	// share cached prompt blocks only with requests of the same salt, so
+	// one tenant cannot learn another's prompts from time to first token.
+	// Empty shares with every other unsalted request.
+	CacheSalt string
 }
 
 // FinishReason says why a completion ended.

@@ -35,6 +35,12 @@ type Config struct {
 	KVDType            kvcache.DType // f16 by default
 	DisablePrefixCache bool
 	CacheSalt          uint64 // extra prefix-hash key: engines sharing nothing should differ
+	// SlidingWindow is the model's attention window (model.Config's
+	// SlidingWindow; 0 = full attention). With it, KV blocks that have
+	// slid out of the window are released while a sequence runs, so one
+	// sequence holds about SlidingWindow/BlockSize+1 blocks and may grow
+	// past what the pool holds.
+	SlidingWindow int
 
 	MaxNumBatchedTokens int // token budget of one step; 0 = 512
 	MaxNumSeqs          int // sequences in one step; 0 = 64
@@ -125,6 +131,7 @@ type Engine struct {
 type request struct {
 	r         Request
 	maxTokens int
+	extra     uint64 // prefix-cache key: the engine's salt with the request's
 	samplers  []tokenSampler
 	stopAfter func() bool
 	out       *outbox
@@ -170,6 +177,9 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	if cfg.MaxWaiting == 0 {
 		cfg.MaxWaiting = 1024
 	}
+	if cfg.SlidingWindow < 0 {
+		return nil, fmt.Errorf("engine: sliding window %d is negative", cfg.SlidingWindow)
+	}
 	if cfg.MaxNumBatchedTokens < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxWaiting < 0 || cfg.LongPrefillThreshold < 0 {
 		return nil, fmt.Errorf("engine: negative limits: max_num_batched_tokens %d, max_num_seqs %d, max_waiting %d",
 			cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs, cfg.MaxWaiting)
@@ -180,7 +190,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	kcfg := kvcache.Config{
 		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
 		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
-		DType: cfg.KVDType, PrefixCache: !cfg.DisablePrefixCache,
+		DType: cfg.KVDType, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow,
 	}
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
 		per := kvcache.KVBytesPerToken(kvcache.Shape{NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim}, cfg.KVDType)
@@ -315,6 +325,11 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
+	if peak := e.kv.MaxSeqBlocks(e.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
+		// The window bounds what a sequence ever holds at once (the
+		// largest chunk included), so only the context limits it.
+		kvTokens = c.ContextLen
+	}
 	n := len(r.Prompt)
 	switch {
 	case r.MaxTokens == 0:
@@ -333,6 +348,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	default:
 		q.maxTokens = r.MaxTokens
 	}
+	q.extra = kvcache.SaltKey(c.CacheSalt, r.CacheSalt)
 	for i := 0; i < q.r.N; i++ {
 		s, err := newSampler(r.Sampling, i)
 		if err != nil {
@@ -481,7 +497,7 @@ func (e *Engine) schedule() []scheduled {
 		}
 		var hit []int32
 		if s.numComputed == 0 {
-			hit = e.kv.Lookup(s.tokens, e.cfg.CacheSalt)
+			hit = e.kv.Lookup(s.tokens, s.req.extra)
 		}
 		from := len(hit) * e.kv.BlockSize()
 		n := e.chunk(len(s.tokens)-from, budget)
@@ -504,6 +520,15 @@ func (e *Engine) schedule() []scheduled {
 		budget -= n
 	}
 	return out
+}
+
+// maxChunk is the most tokens one sequence computes in a step.
+func (e *Engine) maxChunk() int {
+	n := e.cfg.MaxNumBatchedTokens
+	if t := e.cfg.LongPrefillThreshold; t > 0 && t < n {
+		n = t
+	}
+	return n
 }
 
 // chunk is how many of a sequence's remaining tokens fit this step.
@@ -605,7 +630,7 @@ func (e *Engine) step() bool {
 	for _, w := range work {
 		s := w.s
 		s.numComputed += w.n
-		e.kv.Commit(s.id, s.tokens, s.numComputed, e.cfg.CacheSalt)
+		e.kv.Commit(s.id, s.tokens, s.numComputed, s.req.extra)
 		if s.numComputed < len(s.tokens) {
 			continue
 		}

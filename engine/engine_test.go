@@ -77,6 +77,12 @@ type fakeModel struct {
 	steps  []int // tokens per forward
 	seqs   []map[int32]bool
 	fail   error
+
+	window int // attention window of the fake layers; 0 = full
+	// bound, when set, is checked on every forward pass: the blocks a
+	// sequence holds for a chunk of n tokens; violations are recorded.
+	bound     func(n int) int
+	violation string
 }
 
 var fakeAttn = model.AttnParams{NHead: 4, NKVHead: 2, HeadDim: 4, Scale: 0.5}
@@ -106,6 +112,27 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 			return nil, err
 		}
 	}
+	if c, ok := kv.(*kvcache.Cache); ok && m.bound != nil {
+		chunk := map[int32]int{}
+		for _, id := range b.Seq {
+			chunk[id]++
+		}
+		for id, n := range chunk {
+			held := 0
+			for _, blk := range c.Table(id) {
+				if blk >= 0 {
+					held++
+				}
+			}
+			if held > m.bound(n) {
+				m.mu.Lock()
+				m.violation = fmt.Sprintf("sequence %d holds %d blocks for a chunk of %d tokens, bound %d", id, held, n, m.bound(n))
+				m.mu.Unlock()
+			}
+		}
+	}
+	ap := fakeAttn
+	ap.Window = m.window
 	const d = 16 // NHead·HeadDim
 	var out []float32
 	for r, tok := range b.Tokens {
@@ -125,7 +152,7 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 			}
 			kv.Store(l, b.Seq[r], pos, k, v)
 			o := make([]float32, d)
-			kv.Attend(l, b.Seq[r], pos+1, q, o, fakeAttn)
+			kv.Attend(l, b.Seq[r], pos+1, q, o, ap)
 			for i := range x {
 				x[i] += o[i]
 			}

@@ -10,6 +10,7 @@ func ModelConfig(m *model.Model, name string) Config {
 		ModelName: name,
 		NLayer:    c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
+		SlidingWindow: c.SlidingWindow,
 	}
 }
 
