@@ -642,6 +642,11 @@ func TestCancelFreesBlocks(t *testing.T) {
 	}
 	<-ch
 	<-ch
+	// Events go out during a step and the stats after it: wait for the
+	// snapshot of the step that produced them.
+	for e.Stats().Steps == 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
 	if e.Stats().KV.Used == 0 {
 		t.Fatal("running request holds no blocks")
 	}
