@@ -12,6 +12,7 @@ import (
 // commonParams are the request fields shared by both generation endpoints.
 type commonParams struct {
 	Model               string             `json:"model"`
+	CacheSalt           string             `json:"cache_salt"` // vLLM: requests share prefix-cache blocks only with the same salt
 	MaxTokens           *int               `json:"max_tokens"`
 	MaxCompletionTokens *int               `json:"max_completion_tokens"`
 	Temperature         *float64           `json:"temperature"`
@@ -55,7 +56,7 @@ func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 // toEngine validates the shared fields and fills the engine request (all
 // but the prompt and max tokens). defaultTemp is OpenAI's default, 1.
 func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
-	r := &engine.Request{N: 1, IgnoreEOS: p.IgnoreEOS}
+	r := &engine.Request{N: 1, IgnoreEOS: p.IgnoreEOS, CacheSalt: p.CacheSalt}
 	sp := sample.Params{Temperature: 1}
 	if p.Temperature != nil {
 		t := *p.Temperature

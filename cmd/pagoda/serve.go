@@ -136,7 +136,7 @@ func runServe(args []string) error {
 	reg := prometheus.NewRegistry()
 	eng, err := engine.New(m, tok, engine.Config{
 		ModelName: *name, NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
-		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
+		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
 		Registry: reg,
