@@ -159,7 +159,7 @@ func pack(p *Pool, m *Matrix) *packed {
 	pk.groups = (m.Rows + 15) / 16
 	pk.nb = m.Cols / pk.block
 	pk.groupBytes = pk.nb * pk.kind.tileBytes()
-	pk.data = make([]byte, pk.groups*pk.groupBytes)
+	pk.data = allocWeights(pk.groups * pk.groupBytes)
 	p.For(pk.groups, 4, func(lo, hi int) {
 		var dec *smRow
 		if pk.kind == packSM16 || pk.kind == packQ4SM || pk.kind == packQ8S16 {
@@ -199,6 +199,7 @@ func pack(p *Pool, m *Matrix) *packed {
 			}
 		}
 	})
+	settleWeights(pk.data)
 	return &pk
 }
 
