@@ -8,6 +8,7 @@ import (
 
 const hugePage = 2 << 20
 
+// hugeWeights is switched off by tests, to compare against ordinary pages.
 var hugeWeights = true
 
 // allocWeights returns n zero bytes for packed weights, backed by 2 MB
