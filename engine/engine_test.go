@@ -788,6 +788,16 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("%s = %v (present %v), want %v", k, g, ok, v)
 		}
 	}
+	// Each request holds 17..21 tokens in two 16-token blocks while it runs,
+	// so every step counts filled and reserved slots; at rest nothing is
+	// wasted.
+	filled, reserved := got["pagoda:kv_slots_filled_total"], got["pagoda:kv_slots_reserved_total"]
+	if filled < 2*17 || reserved <= 0 || reserved >= filled {
+		t.Errorf("KV slot counters: filled %v, reserved %v", filled, reserved)
+	}
+	if w, ok := got["pagoda:kv_waste_ratio"]; !ok || w != 0 {
+		t.Errorf("idle waste ratio %v (present %v), want 0", w, ok)
+	}
 	if _, err := New(&fakeModel{}, newFakeTok(), cfg); err == nil {
 		t.Fatal("registering the metrics twice in one registry must fail")
 	}
