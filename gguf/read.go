@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"os"
 
+	"pagoda/mmapfile"
 	"pagoda/quant"
 )
 
@@ -40,7 +41,7 @@ func Open(path string) (*File, error) {
 	if int64(int(size)) != size {
 		return nil, fmt.Errorf("gguf: %s: file of %d bytes does not fit in memory on this platform", path, size)
 	}
-	b, unmap, err := mapFile(fd, int(size))
+	b, unmap, err := mmapfile.Map(fd, int(size))
 	if err != nil {
 		return nil, fmt.Errorf("gguf: %s: %w", path, err)
 	}

@@ -25,6 +25,7 @@ import (
 	"math"
 	"os"
 
+	"pagoda/mmapfile"
 	"pagoda/quant"
 )
 
@@ -108,7 +109,7 @@ func Open(path string) (*Checkpoint, error) {
 	if int64(int(size)) != size {
 		return nil, fmt.Errorf("llama2c: %s: file of %d bytes does not fit in memory", path, size)
 	}
-	b, unmap, err := mapFile(fd, int(size))
+	b, unmap, err := mmapfile.Map(fd, int(size))
 	if err != nil {
 		return nil, fmt.Errorf("llama2c: %s: %w", path, err)
 	}

@@ -15,6 +15,8 @@ import (
 	"math/bits"
 	"os"
 	"sort"
+
+	"pagoda/mmapfile"
 )
 
 // maxHeader matches the reference implementation's 100 MB header limit.
@@ -87,7 +89,7 @@ func Open(path string) (*File, error) {
 	if int64(int(size)) != size {
 		return nil, fmt.Errorf("safetensors: %s: file of %d bytes does not fit in memory", path, size)
 	}
-	b, unmap, err := mapFile(fd, int(size))
+	b, unmap, err := mmapfile.Map(fd, int(size))
 	if err != nil {
 		return nil, fmt.Errorf("safetensors: %s: %w", path, err)
 	}

@@ -1,0 +1,21 @@
+//go:build !linux && !darwin
+
+// Package mmapfile maps model files read-only, so weights are paged in on
+// demand instead of copied; the checkpoint readers (gguf, safetensors,
+// llama2c) share it.
+package mmapfile
+
+import (
+	"fmt"
+	"io"
+	"os"
+)
+
+// Map reads the file into memory where mmap is not wired up.
+func Map(fd *os.File, size int) ([]byte, func() error, error) {
+	b := make([]byte, size)
+	if _, err := io.ReadFull(fd, b); err != nil {
+		return nil, nil, fmt.Errorf("read: %w", err)
+	}
+	return b, func() error { return nil }, nil
+}
