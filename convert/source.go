@@ -148,7 +148,7 @@ func openSource(path, tok string) (*source, error) {
 	switch {
 	case st.IsDir():
 		s, err = openHF(path)
-	case hasMagic(path, gguf.Magic):
+	case gguf.IsGGUF(path):
 		s, err = openGGUF(path)
 	default:
 		s, err = openLlama2C(path)
@@ -175,19 +175,6 @@ func openSource(path, tok string) (*source, error) {
 		}
 	}
 	return s, nil
-}
-
-func hasMagic(path, magic string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b := make([]byte, len(magic))
-	if _, err := io.ReadFull(f, b); err != nil {
-		return false
-	}
-	return string(b) == magic
 }
 
 func openGGUF(path string) (*source, error) {
@@ -460,7 +447,7 @@ func hfTensor(name string, t *safetensors.Tensor, permute bool, heads int) (*src
 // from a llama2.c tokenizer.bin or a Hugging Face tokenizer.json (or the
 // directory holding it).
 func tokenizerKV(path string) ([]gguf.KV, error) {
-	if hasMagic(path, gguf.Magic) {
+	if gguf.IsGGUF(path) {
 		f, err := gguf.Open(path)
 		if err != nil {
 			return nil, err

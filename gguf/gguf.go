@@ -9,7 +9,9 @@
 package gguf
 
 import (
+	"io"
 	"math"
+	"os"
 
 	"pagoda/quant"
 )
@@ -424,4 +426,19 @@ func itoa(u uint64) string {
 			return string(b[i:])
 		}
 	}
+}
+
+// IsGGUF reports whether the file at path starts with the GGUF magic, so
+// callers can pick a reader by content rather than by file name.
+func IsGGUF(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	var b [len(Magic)]byte
+	if _, err := io.ReadFull(f, b[:]); err != nil {
+		return false
+	}
+	return string(b[:]) == Magic
 }

@@ -59,9 +59,9 @@ func open(path string, o Options) (*Model, error) {
 	switch {
 	case st.IsDir():
 		cfg, src, closer, err = openHF(path)
-	case strings.HasSuffix(strings.ToLower(path), ".gguf") && !isGGUF(path):
+	case strings.HasSuffix(strings.ToLower(path), ".gguf") && !gguf.IsGGUF(path):
 		return nil, fmt.Errorf("not a GGUF file (no GGUF magic at the start)")
-	case isGGUF(path):
+	case gguf.IsGGUF(path):
 		var f *gguf.File
 		f, err = gguf.Open(path)
 		if err != nil {
@@ -116,19 +116,6 @@ func open(path string, o Options) (*Model, error) {
 		return nil, fmt.Errorf("tokenizer has %d tokens but the model only %d", tok.Vocab().Size(), cfg.VocabSize)
 	}
 	return m, nil
-}
-
-func isGGUF(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	var b [4]byte
-	if _, err := io.ReadFull(f, b[:]); err != nil {
-		return false
-	}
-	return string(b[:]) == "GGUF"
 }
 
 // --- GGUF ---

@@ -2,7 +2,6 @@ package tokenizer
 
 import (
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -213,7 +212,7 @@ func Load(path string) (Tokenizer, error) {
 	}
 	base := filepath.Base(path)
 	switch {
-	case strings.HasSuffix(strings.ToLower(path), ".gguf") || hasMagic(path, gguf.Magic):
+	case strings.HasSuffix(strings.ToLower(path), ".gguf") || gguf.IsGGUF(path):
 		f, err := gguf.Open(path)
 		if err != nil {
 			return nil, fmt.Errorf("tokenizer: %w", err)
@@ -232,16 +231,4 @@ func Load(path string) (Tokenizer, error) {
 		return nil, fmt.Errorf("tokenizer: %s: SentencePiece protobuf models are not supported; use the model's GGUF, tokenizer.json or llama2.c tokenizer.bin", path)
 	}
 	return nil, fmt.Errorf("tokenizer: %s: unknown tokenizer file (want .gguf, tokenizer.json or llama2.c tokenizer.bin)", path)
-}
-
-// hasMagic reports whether the file at path starts with magic.
-func hasMagic(path, magic string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b := make([]byte, len(magic))
-	_, err = io.ReadFull(f, b)
-	return err == nil && string(b) == magic
 }

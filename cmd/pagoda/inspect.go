@@ -99,7 +99,7 @@ func runInspect(args []string) error {
 	} else {
 		fmt.Fprintf(w, "tokenizer     none (pass --tokenizer FILE)\n")
 	}
-	if *meta && isGGUFFile(path) {
+	if *meta && gguf.IsGGUF(path) {
 		f, err := gguf.Open(path)
 		if err != nil {
 			return err
@@ -124,15 +124,4 @@ func attnKind(c model.Config) string {
 		return "GQA"
 	}
 	return "MHA"
-}
-
-func isGGUFFile(path string) bool {
-	f, err := os.Open(path)
-	if err != nil {
-		return false
-	}
-	defer f.Close()
-	b := make([]byte, 4)
-	n, _ := f.Read(b)
-	return n == 4 && string(b) == "GGUF"
 }
