@@ -15,6 +15,24 @@ func init() {
 	register("convert", "convert a llama2.c .bin or Hugging Face directory to GGUF as stored", runConvert)
 }
 
+// parseInterspersed parses flags that may come before, between or after
+// the positional arguments (as in llama-quantize) and returns the
+// positionals.
+func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for len(args) > 0 {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		pos = append(pos, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	return pos, nil
+}
+
 func progress(done, total int) {
 	fmt.Fprintf(os.Stderr, "\r%d/%d tensors", done, total)
 	if done == total {
@@ -32,17 +50,9 @@ func runQuantize(args []string) error {
 	tok := fs.String("tokenizer", "", "tokenizer to embed when the input has none")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	dry := fs.Bool("dry-run", false, "print the per-tensor plan and exit")
-	// Flags may follow the positional arguments, as in llama-quantize.
-	var pos []string
-	for len(args) > 0 {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(pos) != 2 || *typ == "" {
 		return fmt.Errorf("usage: pagoda quantize IN OUT -type TYPE [flags]")
@@ -85,16 +95,9 @@ func runQuantize(args []string) error {
 func runConvert(args []string) error {
 	fs := flag.NewFlagSet("convert", flag.ContinueOnError)
 	tok := fs.String("tokenizer", "", "tokenizer to embed (GGUF, llama2.c tokenizer.bin, tokenizer.json)")
-	var pos []string
-	for len(args) > 0 {
-		if err := fs.Parse(args); err != nil {
-			return err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		pos = append(pos, fs.Arg(0))
-		args = fs.Args()[1:]
+	pos, err := parseInterspersed(fs, args)
+	if err != nil {
+		return err
 	}
 	if len(pos) != 2 {
 		return fmt.Errorf("usage: pagoda convert IN OUT [-tokenizer FILE]")
