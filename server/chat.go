@@ -356,33 +356,17 @@ func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-ch
 	for i := range c.n {
 		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}}, includeUsage))
 	}
-	for {
-		var t tagged
-		var ok bool
-		select {
-		case t, ok = <-events:
-		case <-ctx.Done():
-			return
-		}
-		if !ok {
-			break
-		}
-		if t.ev.Err != nil {
-			out.send(toAPIError(t.ev.Err))
-			out.done()
-			return
-		}
-		c.usage.add(t)
+	if !out.relay(ctx, events, c.usage, func(t tagged) {
 		i := t.ev.Index
 		if i < 0 || i >= c.n {
-			continue
+			return
 		}
 		var lp *chatLogprobs
 		if c.logprobs && len(t.ev.Tokens) > 0 {
 			lp = &chatLogprobs{Content: c.toLogprobs(eventLogprobs(&t.ev))}
 		}
 		if t.ev.Text == "" && lp == nil && t.ev.Finish == engine.FinishNone {
-			continue
+			return
 		}
 		var d chatDelta
 		if t.ev.Text != "" || lp != nil {
@@ -390,9 +374,8 @@ func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-ch
 			d.Content = &text
 		}
 		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: d, Logprobs: lp, FinishReason: finishString(t.ev.Finish)}}, includeUsage))
-		if out.failed {
-			return
-		}
+	}) {
+		return
 	}
 	if includeUsage {
 		out.send(chatChunkUsage{chatChunk: chatChunk{ID: c.id, Object: "chat.completion.chunk", Created: c.created,

@@ -346,25 +346,9 @@ func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, event
 			out.send(c.chunk([]completionChoice{{Index: i, Text: p}}, includeUsage))
 		}
 	}
-	for {
-		var t tagged
-		var ok bool
-		select {
-		case t, ok = <-events:
-		case <-ctx.Done():
-			return
-		}
-		if !ok {
-			break
-		}
-		if t.ev.Err != nil {
-			out.send(toAPIError(t.ev.Err))
-			out.done()
-			return
-		}
-		c.usage.add(t)
+	if !out.relay(ctx, events, c.usage, func(t tagged) {
 		if t.ev.Index < 0 || t.ev.Index >= c.n {
-			continue
+			return
 		}
 		i := t.sub*c.n + t.ev.Index
 		var lp *completionLogprobs
@@ -373,13 +357,12 @@ func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, event
 			c.addLogprobs(lp, eventLogprobs(&t.ev), &offsets[i])
 		}
 		if t.ev.Text == "" && lp == nil && t.ev.Finish == engine.FinishNone {
-			continue
+			return
 		}
 		out.send(c.chunk([]completionChoice{{Index: i, Text: t.ev.Text, Logprobs: lp,
 			FinishReason: finishString(t.ev.Finish)}}, includeUsage))
-		if out.failed {
-			return
-		}
+	}) {
+		return
 	}
 	if includeUsage {
 		out.send(completionChunk{completionResponse: completionResponse{ID: c.id, Object: "text_completion",

@@ -245,5 +245,35 @@ func (s *sse) raw(b []byte) {
 
 func (s *sse) done() { s.raw([]byte("[DONE]")) }
 
+// relay streams the engine's events to the client: it adds each event to
+// usage and hands it to chunk, which sends what the endpoint shows of it.
+// An engine error is sent as an error chunk and ends the stream. It
+// reports whether the events ran to their end (false: the client left or
+// an error ended the stream, so no usage chunk or [DONE] should follow).
+func (s *sse) relay(ctx context.Context, events <-chan tagged, usage *usageSum, chunk func(t tagged)) bool {
+	for {
+		var t tagged
+		var ok bool
+		select {
+		case t, ok = <-events:
+		case <-ctx.Done():
+			return false
+		}
+		if !ok {
+			return true
+		}
+		if t.ev.Err != nil {
+			s.send(toAPIError(t.ev.Err))
+			s.done()
+			return false
+		}
+		usage.add(t)
+		chunk(t)
+		if s.failed {
+			return false
+		}
+	}
+}
+
 // runeLen counts characters as OpenAI's text_offset does.
 func runeLen(s string) int { return utf8.RuneCountInString(s) }
