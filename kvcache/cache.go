@@ -646,3 +646,35 @@ var _ model.KVCache = (*Cache)(nil)
 // different tokens once their K/V are stored: it reads the block tables
 // and storage only, and its scratch comes from a sync.Pool.
 func (c *Cache) ParallelAttend() bool { return true }
+
+// Truncate shrinks seq to slots for its first n tokens: blocks wholly past n
+// go back to the pool and hashes of blocks not wholly inside n are dropped.
+// Speculative decoding uses it to roll back rejected draft tokens before
+// Commit hashes them. Growing is Allocate's job; n beyond what seq holds
+// changes nothing.
+func (c *Cache) Truncate(seq int32, n int) {
+	t := c.tables[seq]
+	if t == nil || n >= t.filled {
+		return
+	}
+	if n < 0 {
+		n = 0
+	}
+	keep := max(c.blocksFor(n), t.dead)
+	for i := len(t.blocks) - 1; i >= keep; i-- {
+		c.pool.release(t.blocks[i])
+	}
+	t.blocks = t.blocks[:keep]
+	if h := n / c.bs; len(t.hashes) > h {
+		// The partly kept block h was registered with content that is now
+		// rolled back: it will be rewritten, so it must leave the prefix
+		// cache (a shared one is copied on write by Allocate instead).
+		if h < len(t.blocks) && n%c.bs != 0 {
+			if id := t.blocks[h]; id != released && c.pool.blocks[id].ref == 1 {
+				c.pool.uncache(id)
+			}
+		}
+		t.hashes = t.hashes[:h]
+	}
+	t.filled = n
+}

@@ -423,3 +423,63 @@ func BenchmarkAttend(b *testing.B) {
 		})
 	}
 }
+
+func TestTruncate(t *testing.T) {
+	c, err := New(Config{NLayer: 1, NKVHead: 1, HeadDim: 2, BlockSize: 4, NumBlocks: 8, PrefixCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	if !c.Allocate(1, nil, 0, 10) {
+		t.Fatal("allocate")
+	}
+	c.Commit(1, toks, 6, 0) // registers block 0 only
+	if got := c.Pool().NumFree(); got != 5 {
+		t.Fatalf("free %d, want 5", got)
+	}
+	c.Truncate(1, 5) // keep tokens [0,5): two blocks
+	if got := len(c.Table(1)); got != 2 {
+		t.Fatalf("table has %d blocks after truncate to 5, want 2", got)
+	}
+	if err := c.Check(); err != nil {
+		t.Fatal(err)
+	}
+	// Regrow with other tokens: the rolled-back block is not hashed with
+	// the rejected content.
+	toks2 := []int32{1, 2, 3, 4, 5, 60, 70, 80, 9}
+	if !c.Allocate(1, nil, 5, 9) {
+		t.Fatal("regrow")
+	}
+	c.Commit(1, toks2, 9, 0)
+	if hit := c.Lookup([]int32{1, 2, 3, 4, 5, 6, 7, 8, 0}, 0); len(hit) != 1 {
+		t.Fatalf("lookup of rejected continuation hit %d blocks, want 1", len(hit))
+	}
+	if hit := c.Lookup(append(toks2[:8:8], 0), 0); len(hit) != 2 {
+		t.Fatalf("lookup of accepted continuation hit %d blocks, want 2", len(hit))
+	}
+	c.Truncate(1, 0)
+	c.Free(1)
+	if err := c.Check(); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Pool().NumFree(); got != 8 {
+		t.Fatalf("free %d after free, want 8", got)
+	}
+}
+
+func TestTruncateInsideRegisteredBlock(t *testing.T) {
+	c, err := New(Config{NLayer: 1, NKVHead: 1, HeadDim: 2, BlockSize: 4, NumBlocks: 4, PrefixCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{1, 2, 3, 4, 5, 6, 7, 8}
+	c.Allocate(1, nil, 0, 8)
+	c.Commit(1, toks, 8, 0)
+	c.Truncate(1, 6) // block 1 keeps 2 tokens and will be rewritten
+	if hit := c.Lookup(append(toks[:8:8], 9), 0); len(hit) != 1 {
+		t.Fatalf("lookup hit %d blocks after rollback into block 1, want 1", len(hit))
+	}
+	if err := c.Check(); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -179,26 +179,8 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 				}
 				kernels.RoPE(kh, pos, m.freqs, c.RopeNeox)
 			}
-			kv.Store(li, b.Seq[i], b.Pos[i], k, v)
 		}
-		// Every token's K/V is stored before any token attends, so a
-		// prefill chunk sees itself causally through the cache.
-		attend := func(lo, hi int) {
-			for j := lo; j < hi; j++ {
-				// Pair short and long causal rows (0, T-1, 1, T-2, …) so
-				// the pool's contiguous ranges carry equal work.
-				i := j / 2
-				if j%2 == 1 {
-					i = T - 1 - j/2
-				}
-				kv.Attend(li, b.Seq[i], b.Pos[i]+1, s.q[i*qd:(i+1)*qd], s.att[i*qd:(i+1)*qd], ap)
-			}
-		}
-		if pa, ok := kv.(interface{ ParallelAttend() bool }); ok && pa.ParallelAttend() && T > 1 {
-			m.pool.For(T, 1, attend)
-		} else {
-			attend(0, T)
-		}
+		m.attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
 		m.matmul(m.pool, l.O, s.att, s.o, T)
 		addTo(s.x, s.o)
 		for i := 0; i < T; i++ {
