@@ -143,7 +143,7 @@ func SiLUMulRef(out, g, u []float32) {
 // A model rotates every head of a token at the same position in a row, so
 // the sines and cosines of the last position are kept and reused: the same
 // float32 values as RoPERef, one Sincos per pair per token instead of per
-// head.
+// head. Being plain Go, it is the same on every instruction set.
 func RoPE(x []float32, pos int, freqs []float32, neox bool) {
 	n := len(freqs)
 	if n == 0 {
