@@ -30,8 +30,9 @@ func (a *actBuf) grow(nq, nst int) {
 	a.q, a.st = a.q[:nq], a.st[:nst]
 }
 
-// quantizeActs fills a with the rows of x (batch rows of cols) for pk.
-func quantizeActs(p *Pool, pk *packed, x []float32, batch, cols int, a *actBuf) {
+// quantizeActs fills a with the rows of x (batch rows of cols) for pk,
+// through the assembly quantizers where asm is set and one fits.
+func quantizeActs(p *Pool, pk *packed, x []float32, batch, cols int, a *actBuf, asm bool) {
 	nb := cols / pk.block
 	a.grow(batch*cols, batch*nb*2)
 	tiles := (batch + actTile - 1) / actTile
@@ -45,7 +46,7 @@ func quantizeActs(p *Pool, pk *packed, x []float32, batch, cols int, a *actBuf) 
 			st := a.st[r0*nb*2 : (r0+nt)*nb*2]
 			for n := 0; n < nt; n++ {
 				row := x[(r0+n)*cols : (r0+n+1)*cols]
-				if quantRowFast(pk, row, q, st, n, nt) {
+				if asm && quantRowFast(pk, row, q, st, n, nt) {
 					continue
 				}
 				for c0 := 0; c0 < cols; c0 += 256 {

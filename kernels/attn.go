@@ -7,34 +7,64 @@ import "math"
 // one; the *Ref versions are the plain Go references.
 
 // AxpyF32 adds a·x to out (out += a·x), over len(out) elements.
-func AxpyF32(out []float32, a float32, x []float32) { axpyF32(out, a, x) }
+func AxpyF32(out []float32, a float32, x []float32) { best.axpyF32(out, a, x) }
+
+// AxpyF32 is the package-level AxpyF32 with o's kernels.
+func (o *Ops) AxpyF32(out []float32, a float32, x []float32) { o.axpyF32(out, a, x) }
 
 // ScaleF32 multiplies x by a in place.
-func ScaleF32(x []float32, a float32) { scaleF32(x, a) }
+func ScaleF32(x []float32, a float32) { best.scaleF32(x, a) }
+
+// ScaleF32 is the package-level ScaleF32 with o's kernels.
+func (o *Ops) ScaleF32(x []float32, a float32) { o.scaleF32(x, a) }
 
 // DotF16 is Σ q[i]·k[i] with k stored as IEEE half floats.
-func DotF16(q []float32, k []uint16) float32 { return dotF16(q, k) }
+func DotF16(q []float32, k []uint16) float32 { return best.dotF16(q, k) }
+
+// DotF16 is the package-level DotF16 with o's kernels.
+func (o *Ops) DotF16(q []float32, k []uint16) float32 { return o.dotF16(q, k) }
 
 // AxpyF16 adds a·v to out with v stored as IEEE half floats.
-func AxpyF16(out []float32, a float32, v []uint16) { axpyF16(out, a, v) }
+func AxpyF16(out []float32, a float32, v []uint16) { best.axpyF16(out, a, v) }
+
+// AxpyF16 is the package-level AxpyF16 with o's kernels.
+func (o *Ops) AxpyF16(out []float32, a float32, v []uint16) { o.axpyF16(out, a, v) }
 
 // DotBF16 is Σ q[i]·k[i] with k stored as bfloat16.
-func DotBF16(q []float32, k []uint16) float32 { return dotBF16(q, k) }
+func DotBF16(q []float32, k []uint16) float32 { return best.dotBF16(q, k) }
+
+// DotBF16 is the package-level DotBF16 with o's kernels.
+func (o *Ops) DotBF16(q []float32, k []uint16) float32 { return o.dotBF16(q, k) }
 
 // AxpyBF16 adds a·v to out with v stored as bfloat16.
-func AxpyBF16(out []float32, a float32, v []uint16) { axpyBF16(out, a, v) }
+func AxpyBF16(out []float32, a float32, v []uint16) { best.axpyBF16(out, a, v) }
+
+// AxpyBF16 is the package-level AxpyBF16 with o's kernels.
+func (o *Ops) AxpyBF16(out []float32, a float32, v []uint16) { o.axpyBF16(out, a, v) }
 
 // F32ToF16Row converts src to IEEE half floats (round to nearest even).
-func F32ToF16Row(dst []uint16, src []float32) { f32ToF16Row(dst, src) }
+func F32ToF16Row(dst []uint16, src []float32) { best.f32ToF16Row(dst, src) }
+
+// F32ToF16Row is the package-level F32ToF16Row with o's kernels.
+func (o *Ops) F32ToF16Row(dst []uint16, src []float32) { o.f32ToF16Row(dst, src) }
 
 // F32ToBF16Row converts src to bfloat16 (round to nearest even).
-func F32ToBF16Row(dst []uint16, src []float32) { f32ToBF16Row(dst, src) }
+func F32ToBF16Row(dst []uint16, src []float32) { best.f32ToBF16Row(dst, src) }
+
+// F32ToBF16Row is the package-level F32ToBF16Row with o's kernels.
+func (o *Ops) F32ToBF16Row(dst []uint16, src []float32) { o.f32ToBF16Row(dst, src) }
 
 // F16ToF32Row converts half floats to float32.
-func F16ToF32Row(dst []float32, src []uint16) { f16ToF32Row(dst, src) }
+func F16ToF32Row(dst []float32, src []uint16) { best.f16ToF32Row(dst, src) }
+
+// F16ToF32Row is the package-level F16ToF32Row with o's kernels.
+func (o *Ops) F16ToF32Row(dst []float32, src []uint16) { o.f16ToF32Row(dst, src) }
 
 // BF16ToF32Row converts bfloat16 to float32.
-func BF16ToF32Row(dst []float32, src []uint16) { bf16ToF32Row(dst, src) }
+func BF16ToF32Row(dst []float32, src []uint16) { best.bf16ToF32Row(dst, src) }
+
+// BF16ToF32Row is the package-level BF16ToF32Row with o's kernels.
+func (o *Ops) BF16ToF32Row(dst []float32, src []uint16) { o.bf16ToF32Row(dst, src) }
 
 // BF16ToF32RowRef is the reference bfloat16 → float32 conversion.
 func BF16ToF32RowRef(dst []float32, src []uint16) {
@@ -43,21 +73,6 @@ func BF16ToF32RowRef(dst []float32, src []uint16) {
 		dst[i] = math.Float32frombits(uint32(h) << 16)
 	}
 }
-
-// The dispatch points, replaced by SIMD versions in init where available.
-var (
-	dotF32       = DotF32Ref
-	axpyF32      = AxpyF32Ref
-	scaleF32     = ScaleF32Ref
-	dotF16       = DotF16Ref
-	axpyF16      = AxpyF16Ref
-	dotBF16      = DotBF16Ref
-	axpyBF16     = AxpyBF16Ref
-	f32ToF16Row  = F32ToF16RowRef
-	f16ToF32Row  = F16ToF32RowRef
-	bf16ToF32Row = BF16ToF32RowRef
-	f32ToBF16Row = F32ToBF16RowRef
-)
 
 // DotF32Ref is the reference Σ a[i]·b[i].
 func DotF32Ref(a, b []float32) float32 {

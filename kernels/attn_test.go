@@ -65,9 +65,9 @@ func TestF16Conversions(t *testing.T) {
 	}
 	// The dispatched row conversion (VCVTPS2PH where present) agrees,
 	// subnormals, overflow and odd lengths included.
-	forEachISA(t, func(t *testing.T) {
+	forEachISA(t, func(t *testing.T, o *Ops) {
 		row := make([]uint16, len(vals))
-		F32ToF16Row(row, vals)
+		o.F32ToF16Row(row, vals)
 		for i, v := range vals {
 			if row[i] != f32ToF16(v) {
 				t.Errorf("F32ToF16Row(%g) = %#04x, want %#04x", v, row[i], f32ToF16(v))
@@ -96,7 +96,7 @@ func closeRel(a, b float32, tol float64) bool {
 // float64 sums, over odd lengths and unaligned starts.
 func TestAttnHelpers(t *testing.T) { forEachISA(t, testAttnHelpers) }
 
-func testAttnHelpers(t *testing.T) {
+func testAttnHelpers(t *testing.T, o *Ops) {
 	r := rand.New(rand.NewPCG(3, 4))
 	for _, n := range []int{0, 1, 3, 7, 15, 16, 17, 31, 33, 63, 64, 65, 127, 128, 129, 255, 1000} {
 		for _, off := range []int{0, 1, 3} {
@@ -104,8 +104,8 @@ func testAttnHelpers(t *testing.T) {
 			kf := randF32(r, n+off)[off:]
 			k16 := make([]uint16, n+off)[off:]
 			kb := make([]uint16, n+off)[off:]
-			F32ToF16Row(k16, kf)
-			F32ToBF16Row(kb, kf)
+			o.F32ToF16Row(k16, kf)
+			o.F32ToBF16Row(kb, kf)
 			for i := range kf {
 				if k16[i] != f32ToF16(kf[i]) || kb[i] != f32ToBF16(kf[i]) {
 					t.Fatalf("n=%d: row conversion differs at %d", n, i)
@@ -118,23 +118,23 @@ func testAttnHelpers(t *testing.T) {
 				wb += float64(q[i]) * float64(math.Float32frombits(uint32(kb[i])<<16))
 			}
 			tol := 1e-5 * math.Sqrt(float64(n+1))
-			if got := DotF32(q, kf); !closeRel(got, float32(w32), tol) {
+			if got := o.DotF32(q, kf); !closeRel(got, float32(w32), tol) {
 				t.Errorf("DotF32 n=%d: %g want %g", n, got, w32)
 			}
-			if got := DotF16(q, k16); !closeRel(got, float32(w16), tol) {
+			if got := o.DotF16(q, k16); !closeRel(got, float32(w16), tol) {
 				t.Errorf("DotF16 n=%d: %g want %g", n, got, w16)
 			}
-			if got := DotBF16(q, kb); !closeRel(got, float32(wb), tol) {
+			if got := o.DotBF16(q, kb); !closeRel(got, float32(wb), tol) {
 				t.Errorf("DotBF16 n=%d: %g want %g", n, got, wb)
 			}
 			back := make([]float32, n)
-			F16ToF32Row(back, k16)
+			o.F16ToF32Row(back, k16)
 			for i := range back {
 				if back[i] != f16ToF32(k16[i]) {
 					t.Fatalf("F16ToF32Row n=%d differs at %d", n, i)
 				}
 			}
-			BF16ToF32Row(back, kb)
+			o.BF16ToF32Row(back, kb)
 			for i := range back {
 				if back[i] != math.Float32frombits(uint32(kb[i])<<16) {
 					t.Fatalf("BF16ToF32Row n=%d differs at %d", n, i)
@@ -147,14 +147,14 @@ func testAttnHelpers(t *testing.T) {
 				var want []float32
 				switch kind {
 				case 0:
-					AxpyF32(out, a, kf)
+					o.AxpyF32(out, a, kf)
 					want = kf
 				case 1:
-					AxpyF16(out, a, k16)
+					o.AxpyF16(out, a, k16)
 					want = make([]float32, n)
 					F16ToF32RowRef(want, k16)
 				case 2:
-					AxpyBF16(out, a, kb)
+					o.AxpyBF16(out, a, kb)
 					want = make([]float32, n)
 					for i := range want {
 						want[i] = math.Float32frombits(uint32(kb[i]) << 16)
@@ -168,7 +168,7 @@ func testAttnHelpers(t *testing.T) {
 				}
 			}
 			out := append([]float32(nil), base...)
-			ScaleF32(out, a)
+			o.ScaleF32(out, a)
 			for i := range out {
 				if out[i] != base[i]*a {
 					t.Fatalf("ScaleF32 n=%d i=%d", n, i)

@@ -10,7 +10,7 @@ import (
 // every head size shape (odd too), strides with gaps, and 0..37 rows.
 func TestAttnRows(t *testing.T) { forEachISA(t, testAttnRows) }
 
-func testAttnRows(t *testing.T) {
+func testAttnRows(t *testing.T, o *Ops) {
 	r := rand.New(rand.NewPCG(17, 18))
 	for _, d := range []int{1, 7, 16, 17, 32, 48, 64, 80, 128, 131} {
 		for _, n := range []int{0, 1, 2, 3, 17, 37} {
@@ -41,14 +41,14 @@ func testAttnRows(t *testing.T) {
 				out := append([]float32(nil), base...)
 				switch kind {
 				case 0:
-					AttnScoresF32(s, q, kf, stride)
-					AttnMixF32(out, w, kf, stride)
+					o.AttnScoresF32(s, q, kf, stride)
+					o.AttnMixF32(out, w, kf, stride)
 				case 1:
-					AttnScoresF16(s, q, kh, stride)
-					AttnMixF16(out, w, kh, stride)
+					o.AttnScoresF16(s, q, kh, stride)
+					o.AttnMixF16(out, w, kh, stride)
 				case 2:
-					AttnScoresBF16(s, q, kb, stride)
-					AttnMixBF16(out, w, kb, stride)
+					o.AttnScoresBF16(s, q, kb, stride)
+					o.AttnMixBF16(out, w, kb, stride)
 				}
 				for tt := 0; tt < n; tt++ {
 					var want, mag float64
@@ -80,5 +80,5 @@ func testAttnRows(t *testing.T) {
 			t.Fatal("rows past the slice did not panic")
 		}
 	}()
-	AttnScoresF32(make([]float32, 3), make([]float32, 64), make([]float32, 64*3-1), 64)
+	o.AttnScoresF32(make([]float32, 3), make([]float32, 64), make([]float32, 64*3-1), 64)
 }

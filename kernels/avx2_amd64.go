@@ -108,18 +108,18 @@ func rmsNormAVX2(out, x, w []float32, eps float32) {
 	}
 }
 
-func setFloatAVX2() {
-	dotF32 = dotF32AVX2Vec
-	dotF16 = dotF16AVX2Vec
-	dotBF16 = dotBF16AVX2Vec
-	axpyF32 = axpyF32AVX2Vec
-	axpyF16 = axpyF16AVX2Vec
-	axpyBF16 = axpyBF16AVX2Vec
-	rmsNorm = rmsNormAVX2
+func setFloatAVX2(o *Ops) {
+	o.dotF32 = dotF32AVX2Vec
+	o.dotF16 = dotF16AVX2Vec
+	o.dotBF16 = dotBF16AVX2Vec
+	o.axpyF32 = axpyF32AVX2Vec
+	o.axpyF16 = axpyF16AVX2Vec
+	o.axpyBF16 = axpyBF16AVX2Vec
+	o.rmsNorm = rmsNormAVX2
 }
 
 // matMulFloatAVX2 is matMulFloatAVX512 with 8-lane 4×2 tiles.
-func matMulFloatAVX2(p *Pool, w *Matrix, x, out []float32, batch int) {
+func (o *Ops) matMulFloatAVX2(p *Pool, w *Matrix, x, out []float32, batch int) {
 	var fns *[3]floatKernel
 	switch w.Type {
 	case quant.F32:
@@ -130,7 +130,7 @@ func matMulFloatAVX2(p *Pool, w *Matrix, x, out []float32, batch int) {
 		fns = &gemmBF16_avx2
 	}
 	if fns == nil || w.Cols%8 != 0 || w.Cols == 0 || batch <= 0 {
-		MatMulRef(p, w, x, out, batch)
+		matMulRows(p, w, x, out, batch, o.dotF32)
 		return
 	}
 	w.mustValid()
@@ -150,7 +150,7 @@ func matMulFloatAVX2(p *Pool, w *Matrix, x, out []float32, batch int) {
 					for r := r0; r < rows; r++ {
 						wr := w.Row(r)
 						for b := b0; b < b1; b++ {
-							out[b*rows+r] = dotRow(w.Type, wr, x[b*cols:(b+1)*cols])
+							out[b*rows+r] = o.dotRow(w.Type, wr, x[b*cols:(b+1)*cols])
 						}
 					}
 					continue

@@ -13,19 +13,19 @@ import (
 // at out[4i:4i+4]); the AVX2 ones leave 4·n vectors of 8 partial sums.
 type floatKernel func(w *byte, ws int, x *float32, xs int, nblk int, out *float32)
 
-// matMulFloat is the float-weight path of the active instruction set.
-func matMulFloat(p *Pool, w *Matrix, x, out []float32, batch int) {
-	if useAVX2 {
-		matMulFloatAVX2(p, w, x, out, batch)
+// matMulFloat is the float-weight path of o's instruction set.
+func (o *Ops) matMulFloat(p *Pool, w *Matrix, x, out []float32, batch int) {
+	if o.avx2 {
+		o.matMulFloatAVX2(p, w, x, out, batch)
 		return
 	}
-	matMulFloatAVX512(p, w, x, out, batch)
+	o.matMulFloatAVX512(p, w, x, out, batch)
 }
 
 // matMulFloatAVX512 runs F32, F16 and BF16 weights through the 4×n FMA
 // micro-kernels: each weight vector is converted once and used against up to
 // four activation rows held in registers.
-func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
+func (o *Ops) matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	var fns *[5]floatKernel
 	switch w.Type {
 	case quant.F32:
@@ -36,7 +36,7 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 		fns = &gemmBF16Fns
 	}
 	if fns == nil || w.Cols%16 != 0 || w.Cols == 0 || batch <= 0 {
-		MatMulRef(p, w, x, out, batch)
+		matMulRows(p, w, x, out, batch, o.dotF32)
 		return
 	}
 	w.mustValid()
@@ -66,7 +66,7 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 					for r := r0; r < rows; r++ {
 						wr := w.Row(r)
 						for b := b0; b < b1; b++ {
-							out[b*rows+r] = dotRow(w.Type, wr, x[b*cols:(b+1)*cols])
+							out[b*rows+r] = o.dotRow(w.Type, wr, x[b*cols:(b+1)*cols])
 						}
 					}
 					continue
@@ -76,9 +76,9 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 					for r := 0; r < 4; r++ {
 						src := unsafe.Slice((*uint16)(unsafe.Pointer(&w.Data[(r0+r)*w.RowBytes])), cols)
 						if w.Type == quant.F16 {
-							F16ToF32Row(wf[r*cols:(r+1)*cols], src)
+							o.f16ToF32Row(wf[r*cols:(r+1)*cols], src)
 						} else {
-							BF16ToF32Row(wf[r*cols:(r+1)*cols], src)
+							o.bf16ToF32Row(wf[r*cols:(r+1)*cols], src)
 						}
 					}
 					wp, ws, kern = (*byte)(unsafe.Pointer(&wf[0])), cols*4, &gemmF32Fns
@@ -96,12 +96,12 @@ func matMulFloatAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 }
 
 // dotRow is one weight row (stored as t) against float32 x.
-func dotRow(t quant.Type, row []byte, x []float32) float32 {
+func (o *Ops) dotRow(t quant.Type, row []byte, x []float32) float32 {
 	switch t {
 	case quant.F16:
-		return DotF16(x, unsafe.Slice((*uint16)(unsafe.Pointer(&row[0])), len(x)))
+		return o.dotF16(x, unsafe.Slice((*uint16)(unsafe.Pointer(&row[0])), len(x)))
 	case quant.BF16:
-		return DotBF16(x, unsafe.Slice((*uint16)(unsafe.Pointer(&row[0])), len(x)))
+		return o.dotBF16(x, unsafe.Slice((*uint16)(unsafe.Pointer(&row[0])), len(x)))
 	}
-	return DotF32(x, unsafe.Slice((*float32)(unsafe.Pointer(&row[0])), len(x)))
+	return o.dotF32(x, unsafe.Slice((*float32)(unsafe.Pointer(&row[0])), len(x)))
 }

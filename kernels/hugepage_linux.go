@@ -8,16 +8,13 @@ import (
 
 const hugePage = 2 << 20
 
-// hugeWeights is switched off by tests, to compare against ordinary pages.
-var hugeWeights = true
-
 // allocWeights returns n zero bytes for packed weights, backed by 2 MB
 // pages where the kernel allows: batch-1 products stream every weight byte
 // once per token, and with 4 KB pages each page costs a TLB miss and a
 // restart of the hardware prefetcher (which stops at 4 KB boundaries).
 // Small matrices are not worth the up-to-2 MB of padding.
 func allocWeights(n int) []byte {
-	if n < hugePage || !hugeWeights {
+	if n < hugePage {
 		return make([]byte, n)
 	}
 	buf := make([]byte, n+hugePage)

@@ -12,8 +12,15 @@ import (
 // its exact length, and products through it match, bit for bit, those
 // through an ordinary allocation of the same layout.
 func TestHugeWeights(t *testing.T) {
-	if !usesPacked() {
-		t.Skip("no packed layout on this ISA")
+	var o *Ops
+	for _, s := range isaSets {
+		if s.packed {
+			o = s
+			break
+		}
+	}
+	if o == nil {
+		t.Skip("no packed layout on this CPU")
 	}
 	r := rand.New(rand.NewPCG(3, 4))
 	pool := NewPool(2)
@@ -23,12 +30,12 @@ func TestHugeWeights(t *testing.T) {
 	const rows, cols = 1040, 2048
 	a, _ := randMatrix(t, r, quant.Q8_0, rows, cols)
 	b := *a
-	b.pk = nil
-	hugeWeights = false
-	Prepack(pool, &b)
-	hugeWeights = true
-	Prepack(pool, a)
-	pa, pb := a.packedOf(), b.packedOf()
+	o.Prepack(pool, a)
+	pa := a.packedFor(o.avx2)
+	// b gets the same layout copied into an ordinary allocation.
+	pb := *pack(pool, &b, o.avx2)
+	pb.data = append(make([]byte, 0, len(pb.data)), pb.data...)
+	b.pk[packSlot(o.avx2)] = unsafe.Pointer(&pb)
 	if &pa.data[0] == &pb.data[0] {
 		t.Fatal("both matrices share one packed layout")
 	}
@@ -41,8 +48,8 @@ func TestHugeWeights(t *testing.T) {
 	for _, batch := range []int{1, 3} {
 		x := randF32(r, batch*cols)
 		oa, ob := make([]float32, batch*rows), make([]float32, batch*rows)
-		MatMul(pool, a, x, oa, batch)
-		MatMul(pool, &b, x, ob, batch)
+		o.MatMul(pool, a, x, oa, batch)
+		o.MatMul(pool, &b, x, ob, batch)
 		for i := range oa {
 			if oa[i] != ob[i] {
 				t.Fatalf("b%d out[%d] = %g with huge pages, %g without", batch, i, oa[i], ob[i])

@@ -3,80 +3,136 @@ package kernels
 import (
 	"fmt"
 	"os"
-	"sync"
 )
 
-var isaMu sync.Mutex
+// Ops is the kernel set of one instruction set. Each value is built once, at
+// package initialisation, and never changes, so any number of goroutines may
+// use different Ops side by side (a test holding AVX2 against the generic
+// references while another runs AVX-512) without coordinating.
+//
+// The methods compute exactly what the package-level functions of the same
+// names compute, with this set's kernels; the package-level functions use
+// Best.
+type Ops struct {
+	name string
+	// packed: quantized weights run through the packed layouts of pack.go;
+	// asmQuant: activations are quantized by the AVX-512 assembly; avx2:
+	// the AVX2 forms of the packed and float matmuls (and the generic
+	// packed layouts they read).
+	packed, asmQuant, avx2 bool
 
-// isaNames lists the instruction sets this build can run, best first;
-// "generic" (the plain Go references) is always last.
-var isaNames = []string{"generic"}
+	matMul  func(p *Pool, w *Matrix, x, out []float32, batch int)
+	matMulN func(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int)
+	rmsNorm func(out, x, w []float32, eps float32)
+	softmax func(x []float32)
+	siluMul func(out, g, u []float32)
+	rope    func(x []float32, pos int, freqs []float32, neox bool)
 
-// activeISA is the instruction set the dispatch variables point at.
-var activeISA = "generic"
+	dotF32       func(a, b []float32) float32
+	axpyF32      func(out []float32, a float32, x []float32)
+	scaleF32     func(x []float32, a float32)
+	dotF16       func(q []float32, k []uint16) float32
+	axpyF16      func(out []float32, a float32, v []uint16)
+	dotBF16      func(q []float32, k []uint16) float32
+	axpyBF16     func(out []float32, a float32, v []uint16)
+	f32ToF16Row  func(dst []uint16, src []float32)
+	f16ToF32Row  func(dst []float32, src []uint16)
+	bf16ToF32Row func(dst []float32, src []uint16)
+	f32ToBF16Row func(dst []uint16, src []float32)
 
-// ISA reports the instruction set in use ("avx512" or "generic").
-func ISA() string { return activeISA }
+	attnScoresF32  func(s, q, k []float32, stride int)
+	attnScoresF16  func(s, q []float32, k []uint16, stride int)
+	attnScoresBF16 func(s, q []float32, k []uint16, stride int)
+	attnMixF32     func(out, w, v []float32, stride int)
+	attnMixF16     func(out, w []float32, v []uint16, stride int)
+	attnMixBF16    func(out, w []float32, v []uint16, stride int)
+}
 
-// ISAs lists the instruction sets usable on this CPU, best first.
-func ISAs() []string { return append([]string(nil), isaNames...) }
+// newGeneric is the set of plain Go references; the SIMD sets start from a
+// copy of it and replace what they accelerate.
+func newGeneric() *Ops {
+	return &Ops{
+		name:           "generic",
+		matMul:         MatMulRef,
+		matMulN:        MatMulNRef,
+		rmsNorm:        RMSNormRef,
+		softmax:        SoftmaxRef,
+		siluMul:        SiLUMulRef,
+		rope:           RoPERef,
+		dotF32:         DotF32Ref,
+		axpyF32:        AxpyF32Ref,
+		scaleF32:       ScaleF32Ref,
+		dotF16:         DotF16Ref,
+		axpyF16:        AxpyF16Ref,
+		dotBF16:        DotBF16Ref,
+		axpyBF16:       AxpyBF16Ref,
+		f32ToF16Row:    F32ToF16RowRef,
+		f16ToF32Row:    F16ToF32RowRef,
+		bf16ToF32Row:   BF16ToF32RowRef,
+		f32ToBF16Row:   F32ToBF16RowRef,
+		attnScoresF32:  AttnScoresF32Ref,
+		attnScoresF16:  AttnScoresF16Ref,
+		attnScoresBF16: AttnScoresBF16Ref,
+		attnMixF32:     AttnMixF32Ref,
+		attnMixF16:     AttnMixF16Ref,
+		attnMixBF16:    AttnMixBF16Ref,
+	}
+}
 
-// SetISA switches every kernel to the named instruction set; "generic" forces
-// the plain Go references (for tests and comparisons). It is not safe to call
-// while kernels run.
-func SetISA(name string) error {
-	isaMu.Lock()
-	defer isaMu.Unlock()
-	for _, n := range isaNames {
-		if n == name {
-			setGeneric()
-			if name != "generic" {
-				setSIMD(name)
-			}
-			activeISA = name
-			return nil
+var (
+	// isaSets lists the instruction sets this build can run on this CPU,
+	// best first; "generic" is always last.
+	isaSets = availableISAs()
+	// bestOps is the best set, or the one PAGODA_ISA names (avx512, avx2,
+	// generic) so whole test runs and benchmarks can be repeated on a
+	// lesser instruction set. The environment is read here only.
+	bestOps = chooseISA(isaSets, os.Getenv("PAGODA_ISA"))
+	// best is a copy of *bestOps at a fixed address: a package-level
+	// function loads its kernel from it in one step, as it would from a
+	// package-level function variable. Never written after initialisation.
+	best = *bestOps
+)
+
+// chooseISA picks the set named env, or the first (best) one when env is
+// empty, unknown or unavailable.
+func chooseISA(sets []*Ops, env string) *Ops {
+	for _, o := range sets {
+		if o.name == env {
+			return o
 		}
 	}
-	return fmt.Errorf("kernels: instruction set %q not available (have %v)", name, isaNames)
+	return sets[0]
 }
 
-// packedOn is set while the active kernels use the packed weight layouts,
-// asmQuant selects the AVX-512 activation quantizers, useAVX2 the AVX2
-// forms of the matmul kernels.
-var packedOn, asmQuant, useAVX2 bool
-
-// setGeneric points every dispatch variable at its reference.
-func setGeneric() {
-	packedOn, asmQuant, useAVX2 = false, false, false
-	matMul = MatMulRef
-	matMulN = MatMulNRef
-	rmsNorm = RMSNormRef
-	softmax = SoftmaxRef
-	siluMul = SiLUMulRef
-	dotF32 = DotF32Ref
-	axpyF32 = AxpyF32Ref
-	scaleF32 = ScaleF32Ref
-	dotF16 = DotF16Ref
-	axpyF16 = AxpyF16Ref
-	dotBF16 = DotBF16Ref
-	axpyBF16 = AxpyBF16Ref
-	f32ToF16Row = F32ToF16RowRef
-	f16ToF32Row = F16ToF32RowRef
-	bf16ToF32Row = BF16ToF32RowRef
-	f32ToBF16Row = F32ToBF16RowRef
-	attnScoresF32 = AttnScoresF32Ref
-	attnScoresF16 = AttnScoresF16Ref
-	attnScoresBF16 = AttnScoresBF16Ref
-	attnMixF32 = AttnMixF32Ref
-	attnMixF16 = AttnMixF16Ref
-	attnMixBF16 = AttnMixBF16Ref
-}
-
-// applyEnvISA honours PAGODA_ISA (avx512, avx2, generic) so whole test runs
-// and benchmarks can be repeated on a lesser instruction set. An unknown or
-// unavailable name leaves the best one in place.
-func applyEnvISA() {
-	if v := os.Getenv("PAGODA_ISA"); v != "" {
-		SetISA(v)
+// ForISA returns the kernel set of the named instruction set ("avx512",
+// "avx2" or "generic"), or an error when this build or CPU cannot run it.
+func ForISA(name string) (*Ops, error) {
+	for _, o := range isaSets {
+		if o.name == name {
+			return o, nil
+		}
 	}
+	return nil, fmt.Errorf("kernels: instruction set %q not available (have %v)", name, ISAs())
+}
+
+// Generic returns the plain Go references, on every CPU.
+func Generic() *Ops { return isaSets[len(isaSets)-1] }
+
+// Best returns the set the package-level functions use: the best this CPU
+// runs, unless PAGODA_ISA named another at start-up.
+func Best() *Ops { return bestOps }
+
+// Name is the instruction set of o ("avx512", "avx2" or "generic").
+func (o *Ops) Name() string { return o.name }
+
+// ISA reports the instruction set of Best ("avx512", "avx2" or "generic").
+func ISA() string { return bestOps.name }
+
+// ISAs lists the instruction sets usable on this CPU, best first.
+func ISAs() []string {
+	names := make([]string, len(isaSets))
+	for i, o := range isaSets {
+		names[i] = o.name
+	}
+	return names
 }

@@ -16,34 +16,38 @@ type gemmKernel func(w *byte, x *int8, st *float32, out *float32, nb int)
 // activation rows of a tile whose blocks are xs bytes (stats ss bytes) apart.
 type gemmKernel2 func(w *byte, x *int8, st *float32, out *float32, nb, half, xs, ss int)
 
-func init() {
+// availableISAs builds one kernel set per instruction set the CPU has, best
+// first.
+func availableISAs() []*Ops {
+	sets := []*Ops{newGeneric()}
 	if cpu.X86.HasAVX2 && cpu.X86.HasFMA && cpu.X86.HasF16C {
-		isaNames = append([]string{"avx2"}, isaNames...)
+		sets = append([]*Ops{newSIMD("avx2")}, sets...)
 	}
 	if cpu.X86.HasAVX512F && cpu.X86.HasAVX512BW && cpu.X86.HasAVX512VL && cpu.X86.HasAVX512VNNI {
-		isaNames = append([]string{"avx512"}, isaNames...)
+		sets = append([]*Ops{newSIMD("avx512")}, sets...)
 	}
-	SetISA(isaNames[0])
-	applyEnvISA()
+	return sets
 }
 
-func usesPacked() bool { return packedOn }
-
-func setSIMD(name string) {
+// newSIMD is the named set: the references with the accelerated kernels
+// swapped in.
+func newSIMD(name string) *Ops {
+	o := newGeneric()
+	o.name = name
 	switch name {
 	case "avx512":
-		packedOn, asmQuant, useAVX2 = true, true, false
-		matMul = matMulAVX512
-		matMulN = matMulNAVX512
-		setFloatAVX512()
-		setOpsAVX512()
+		o.packed, o.asmQuant = true, true
+		setFloatAVX512(o)
+		setOpsAVX512(o)
 	case "avx2":
-		packedOn, asmQuant, useAVX2 = true, false, true
-		matMul = matMulAVX512
-		matMulN = matMulNAVX512
-		setFloatAVX2()
-		setOpsAVX2()
+		o.packed, o.avx2 = true, true
+		setFloatAVX2(o)
+		setOpsAVX2(o)
 	}
+	o.rope = RoPE
+	o.matMul = o.matMulPacked
+	o.matMulN = o.matMulNPacked
+	return o
 }
 
 var actPool = sync.Pool{New: func() any { return new(actBuf) }}
@@ -94,10 +98,10 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 	return &gemmSM16_Fns
 }
 
-func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
-	pk := w.packedOf()
+func (o *Ops) matMulPacked(p *Pool, w *Matrix, x, out []float32, batch int) {
+	pk := w.packedFor(o.avx2)
 	if pk.kind == packNone {
-		matMulFloat(p, w, x, out, batch)
+		o.matMulFloat(p, w, x, out, batch)
 		return
 	}
 	if batch <= 0 {
@@ -107,15 +111,15 @@ func matMulAVX512(p *Pool, w *Matrix, x, out []float32, batch int) {
 	_ = out[batch*w.Rows-1]
 	a := actPool.Get().(*actBuf)
 	defer actPool.Put(a)
-	quantizeActs(p, pk, x, batch, w.Cols, a)
+	quantizeActs(p, pk, x, batch, w.Cols, a, o.asmQuant)
 	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind), kernels2For(pk.kind)}}
-	runJobs(p, jobs[:], batch)
+	o.runJobs(p, jobs[:], batch)
 }
 
-// matMulNAVX512 quantizes x once per activation format and runs all the
+// matMulNPacked quantizes x once per activation format and runs all the
 // packed products in one parallel region (one hand-off, balanced across
 // matrices); float matrices go one by one.
-func matMulNAVX512(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
+func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
 	if batch <= 0 {
 		return
 	}
@@ -128,9 +132,9 @@ func matMulNAVX512(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch i
 		}
 	}()
 	for i, w := range ws {
-		pk := w.packedOf()
+		pk := w.packedFor(o.avx2)
 		if pk.kind == packNone {
-			matMulFloat(p, w, x, outs[i], batch)
+			o.matMulFloat(p, w, x, outs[i], batch)
 			continue
 		}
 		_ = x[batch*w.Cols-1]
@@ -143,18 +147,18 @@ func matMulNAVX512(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch i
 		}
 		if a == nil {
 			a = actPool.Get().(*actBuf)
-			quantizeActs(p, pk, x, batch, w.Cols, a)
+			quantizeActs(p, pk, x, batch, w.Cols, a, o.asmQuant)
 			bufs = append(bufs, a)
 			sigs = append(sigs, pk)
 		}
 		jobs = append(jobs, mmJob{w, pk, a, outs[i], kernelsFor(pk.kind), kernels2For(pk.kind)})
 	}
 	if len(jobs) > 0 {
-		runJobs(p, jobs, batch)
+		o.runJobs(p, jobs, batch)
 	}
 }
 
-func runJobs(p *Pool, jobs []mmJob, batch int) {
+func (o *Ops) runJobs(p *Pool, jobs []mmJob, batch int) {
 	total := 0
 	for _, j := range jobs {
 		total += j.pk.groups
@@ -164,6 +168,7 @@ func runJobs(p *Pool, jobs []mmJob, batch int) {
 	// packed group from L1/L2 many times, few enough that the activation
 	// chunk stays in L2.
 	chunk := max(1, (256<<10)/(jobs[0].w.Cols*actTile+1))
+	avx2 := o.avx2
 	p.For(total, 1, func(lo, hi int) {
 		var tmp [actTile * 16]float32
 		for t0 := 0; t0 < tiles; t0 += chunk {
@@ -182,7 +187,7 @@ func runJobs(p *Pool, jobs []mmJob, batch int) {
 				for t := t0; t < t1; t++ {
 					r0 := t * actTile
 					nt := min(actTile, batch-r0)
-					if useAVX2 {
+					if avx2 {
 						bb := cols / nb // activation bytes per row per block
 						for half := 0; half*8 < nr; half++ {
 							for s := 0; s < nt; s += 4 {

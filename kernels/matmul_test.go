@@ -6,6 +6,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"testing"
+	"unsafe"
 
 	"pagoda/quant"
 )
@@ -102,7 +103,7 @@ func randMatrix(t testing.TB, r *rand.Rand, typ quant.Type, rows, cols int) (*Ma
 // for the float kernels and the generic path.
 func TestMatMul(t *testing.T) { forEachISA(t, testMatMul) }
 
-func testMatMul(t *testing.T) {
+func testMatMul(t *testing.T, o *Ops) {
 	r := rand.New(rand.NewPCG(7, 8))
 	pool := NewPool(2)
 	defer pool.Close()
@@ -135,14 +136,14 @@ func testMatMul(t *testing.T) {
 						qb, _ := quant.Quantize(at, x[b*cols:(b+1)*cols])
 						quant.Dequantize(at, qb, xq[b*cols:(b+1)*cols])
 					}
-					integer := ISA() != "generic" && typ != quant.F32 && typ != quant.F16 && typ != quant.BF16
+					integer := o.packed && typ != quant.F32 && typ != quant.F16 && typ != quant.BF16
 					xr := x
 					if integer {
 						xr = xq
 					}
 					out := make([]float32, batch*rows+2)[1:]
 					out[batch*rows] = 42 // must stay untouched
-					MatMul(pool, m, x, out[:batch*rows], batch)
+					o.MatMul(pool, m, x, out[:batch*rows], batch)
 					if out[batch*rows] != 42 {
 						t.Fatalf("%s: wrote past the output", name)
 					}
@@ -180,8 +181,13 @@ func TestQuantizeActsISA(t *testing.T) {
 		{kind: packQ8S16, act: actQ8_K, block: 16, k: 32},
 		{kind: packQ5C, act: actQ8_0, block: 32, k: 16},
 	}
-	prev := ISA()
-	defer SetISA(prev)
+	asm := false
+	for _, o := range isaSets {
+		asm = asm || o.asmQuant
+	}
+	if !asm {
+		t.Skip("no assembly quantizer on this CPU")
+	}
 	for _, pk := range kinds {
 		for _, batch := range []int{1, 3, 8, 11} {
 			const cols = 512
@@ -196,10 +202,8 @@ func TestQuantizeActsISA(t *testing.T) {
 				x[2*cols+300] = -50 // negative extreme
 			}
 			var want, got actBuf
-			SetISA("generic")
-			quantizeActs(nil, pk, x, batch, cols, &want)
-			SetISA(prev)
-			quantizeActs(nil, pk, x, batch, cols, &got)
+			quantizeActs(nil, pk, x, batch, cols, &want, false)
+			quantizeActs(nil, pk, x, batch, cols, &got, true)
 			for i := range want.q {
 				if want.q[i] != got.q[i] {
 					t.Fatalf("%+v batch %d: q[%d] = %d, want %d", *pk, batch, i, got.q[i], want.q[i])
@@ -218,7 +222,7 @@ func TestQuantizeActsISA(t *testing.T) {
 // calls give, with mixed weight types.
 func TestMatMulN(t *testing.T) { forEachISA(t, testMatMulN) }
 
-func testMatMulN(t *testing.T) {
+func testMatMulN(t *testing.T, o *Ops) {
 	r := rand.New(rand.NewPCG(15, 16))
 	pool := NewPool(2)
 	defer pool.Close()
@@ -234,10 +238,10 @@ func testMatMulN(t *testing.T) {
 		for i, w := range ws {
 			outs[i] = make([]float32, batch*w.Rows)
 		}
-		MatMulN(pool, ws, x, outs, batch)
+		o.MatMulN(pool, ws, x, outs, batch)
 		for i, w := range ws {
 			want := make([]float32, batch*w.Rows)
-			MatMul(pool, w, x, want, batch)
+			o.MatMul(pool, w, x, want, batch)
 			for k := range want {
 				if outs[i][k] != want[k] {
 					t.Fatalf("batch %d matrix %d (%s) out[%d] = %g, want %g", batch, i, w.Type, k, outs[i][k], want[k])
@@ -268,22 +272,29 @@ func TestMalformedMatrix(t *testing.T) {
 }
 
 // TestMatMulConcurrent: several goroutines multiplying by the same matrices
-// (packing on first use races) get identical results; run under -race.
+// through every instruction set at once (packing on first use races, and
+// the AVX-512 and AVX2 layouts live side by side) get each set's own
+// results; run under -race.
 func TestMatMulConcurrent(t *testing.T) {
+	t.Parallel()
 	r := rand.New(rand.NewPCG(19, 20))
 	const cols = 256
 	var ms []*Matrix
-	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_K, quant.F16} {
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_K, quant.Q6_K, quant.F16} {
 		m, _ := randMatrix(t, r, typ, 33, cols)
 		ms = append(ms, m)
 	}
 	x := randF32(r, 3*cols)
-	want := make([][]float32, len(ms))
-	for i, m := range ms {
-		c := *m // an unpacked copy for the expected values
-		c.pk = nil
-		want[i] = make([]float32, 3*m.Rows)
-		MatMul(nil, &c, x, want[i], 3)
+	// want[k][i]: set k on matrix i, from an unpacked copy.
+	want := make([][][]float32, len(isaSets))
+	for k, o := range isaSets {
+		want[k] = make([][]float32, len(ms))
+		for i, m := range ms {
+			c := *m
+			c.pk = [2]unsafe.Pointer{}
+			want[k][i] = make([]float32, 3*m.Rows)
+			o.MatMul(nil, &c, x, want[k][i], 3)
+		}
 	}
 	pool := NewPool(2)
 	defer pool.Close()
@@ -291,13 +302,14 @@ func TestMatMulConcurrent(t *testing.T) {
 	for g := 0; g < 4; g++ {
 		go func() {
 			var err error
-			for k := 0; k < 20 && err == nil; k++ {
+			for n := 0; n < 10 && err == nil; n++ {
+				k := (g + n) % len(isaSets)
 				for i, m := range ms {
 					out := make([]float32, 3*m.Rows)
-					MatMul(pool, m, x, out, 3)
+					isaSets[k].MatMul(pool, m, x, out, 3)
 					for j := range out {
-						if out[j] != want[i][j] {
-							err = fmt.Errorf("matrix %d out[%d] = %g, want %g", i, j, out[j], want[i][j])
+						if out[j] != want[k][i][j] {
+							err = fmt.Errorf("%s matrix %d out[%d] = %g, want %g", isaSets[k].name, i, j, out[j], want[k][i][j])
 							break
 						}
 					}

@@ -10,7 +10,12 @@ import (
 // MatMul computes out[b*w.Rows+r] = Σ_c W[r,c]·x[b*w.Cols+c] for the batch
 // rows b in [0, batch). The rows of W are split across the pool.
 func MatMul(p *Pool, w *Matrix, x, out []float32, batch int) {
-	matMul(p, w, x, out, batch)
+	best.matMul(p, w, x, out, batch)
+}
+
+// MatMul is the package-level MatMul with o's kernels.
+func (o *Ops) MatMul(p *Pool, w *Matrix, x, out []float32, batch int) {
+	o.matMul(p, w, x, out, batch)
 }
 
 // MatMulN computes outs[i] = MatMul(ws[i], x) for matrices that share the
@@ -18,52 +23,68 @@ func MatMul(p *Pool, w *Matrix, x, out []float32, batch int) {
 // quantized once per format and all products run in one parallel region.
 // All matrices must have x's width (Cols).
 func MatMulN(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
-	matMulN(p, ws, x, outs, batch)
+	best.matMulN(p, ws, x, outs, batch)
 }
 
-// MatMulNRef is MatMulN as a loop over MatMul.
+// MatMulN is the package-level MatMulN with o's kernels.
+func (o *Ops) MatMulN(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
+	o.matMulN(p, ws, x, outs, batch)
+}
+
+// MatMulNRef is MatMulN as a loop over MatMulRef.
 func MatMulNRef(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int) {
 	for i, w := range ws {
-		MatMul(p, w, x, outs[i], batch)
+		MatMulRef(p, w, x, outs[i], batch)
 	}
 }
 
-var matMulN = MatMulNRef
-
-// matMul is replaced by SIMD versions where the CPU allows.
-var matMul = MatMulRef
-
 // MatMulRef is the plain reference: dequantize each weight row once, dot it
-// with every batch row in float32.
+// with every batch row in float32 (DotF32Ref).
 func MatMulRef(p *Pool, w *Matrix, x, out []float32, batch int) {
+	matMulRows(p, w, x, out, batch, DotF32Ref)
+}
+
+// matMulRows is MatMulRef with the given dot product: the SIMD sets fall
+// back to it, with their own dot, for shapes their tiles do not cover.
+func matMulRows(p *Pool, w *Matrix, x, out []float32, batch int, dot func(a, b []float32) float32) {
 	p.For(w.Rows, 16, func(lo, hi int) {
 		row := make([]float32, w.Cols)
 		for r := lo; r < hi; r++ {
 			quant.Dequantize(w.Type, w.Row(r), row)
 			for b := 0; b < batch; b++ {
-				out[b*w.Rows+r] = DotF32(row, x[b*w.Cols:(b+1)*w.Cols])
+				out[b*w.Rows+r] = dot(row, x[b*w.Cols:(b+1)*w.Cols])
 			}
 		}
 	})
 }
 
 // DotF32 is Σ a[i]·b[i].
-func DotF32(a, b []float32) float32 { return dotF32(a, b) }
+func DotF32(a, b []float32) float32 { return best.dotF32(a, b) }
+
+// DotF32 is the package-level DotF32 with o's kernels.
+func (o *Ops) DotF32(a, b []float32) float32 { return o.dotF32(a, b) }
 
 // RMSNorm writes x / sqrt(mean(x²)+eps) * w into out (w may be nil).
-func RMSNorm(out, x, w []float32, eps float32) { rmsNorm(out, x, w, eps) }
+func RMSNorm(out, x, w []float32, eps float32) { best.rmsNorm(out, x, w, eps) }
+
+// RMSNorm is the package-level RMSNorm with o's kernels.
+func (o *Ops) RMSNorm(out, x, w []float32, eps float32) { o.rmsNorm(out, x, w, eps) }
 
 // Softmax normalises x in place.
-func Softmax(x []float32) { softmax(x) }
+func Softmax(x []float32) { best.softmax(x) }
+
+// Softmax is the package-level Softmax with o's kernels.
+func (o *Ops) Softmax(x []float32) { o.softmax(x) }
 
 // SiLUMul writes silu(g)·u into out (out may alias g or u).
-func SiLUMul(out, g, u []float32) { siluMul(out, g, u) }
+func SiLUMul(out, g, u []float32) { best.siluMul(out, g, u) }
 
-var (
-	rmsNorm = RMSNormRef
-	softmax = SoftmaxRef
-	siluMul = SiLUMulRef
-)
+// SiLUMul is the package-level SiLUMul with o's kernels.
+func (o *Ops) SiLUMul(out, g, u []float32) { o.siluMul(out, g, u) }
+
+// RoPE is the package-level RoPE for o: the generic set runs RoPERef, the
+// SIMD sets the cached-table RoPE (the same float32 values).
+func (o *Ops) RoPE(x []float32, pos int, freqs []float32, neox bool) { o.rope(x, pos, freqs, neox) }
 
 // RMSNormRef is the reference RMSNorm, summing squares in float64.
 func RMSNormRef(out, x, w []float32, eps float32) {
@@ -122,7 +143,7 @@ func SiLUMulRef(out, g, u []float32) {
 // A model rotates every head of a token at the same position in a row, so
 // the sines and cosines of the last position are kept and reused: the same
 // float32 values as RoPERef, one Sincos per pair per token instead of per
-// head.
+// head. Being plain Go, it is the same on every instruction set.
 func RoPE(x []float32, pos int, freqs []float32, neox bool) {
 	n := len(freqs)
 	if n == 0 {

@@ -51,9 +51,9 @@ func rmsNormVec(out, x, w []float32, eps float32) {
 	scaleMulAVX512(&out[0], &x[0], wp, scale, len(x))
 }
 
-func setOpsAVX512() {
-	softmax = softmaxVec
-	siluMul = siluMulVec
-	scaleF32 = scaleF32Vec
-	rmsNorm = rmsNormVec
+func setOpsAVX512(o *Ops) {
+	o.softmax = softmaxVec
+	o.siluMul = siluMulVec
+	o.scaleF32 = scaleF32Vec
+	o.rmsNorm = rmsNormVec
 }

@@ -49,7 +49,7 @@ func siluMulAVX2Vec(out, g, u []float32) {
 	SiLUMulRef(out[n8:n], g[n8:], u[n8:n])
 }
 
-func setOpsAVX2() {
-	softmax = softmaxAVX2
-	siluMul = siluMulAVX2Vec
+func setOpsAVX2(o *Ops) {
+	o.softmax = softmaxAVX2
+	o.siluMul = siluMulAVX2Vec
 }

@@ -11,7 +11,7 @@ import (
 // polynomial, ~1 ulp); Softmax 1e-5 (a float32 sum over n terms).
 func TestOps(t *testing.T) { forEachISA(t, testOps) }
 
-func testOps(t *testing.T) {
+func testOps(t *testing.T, o *Ops) {
 	r := rand.New(rand.NewPCG(11, 12))
 	for _, n := range []int{1, 2, 15, 16, 17, 33, 64, 100, 2048} {
 		x := randF32(r, n+1)[1:] // unaligned
@@ -21,7 +21,7 @@ func testOps(t *testing.T) {
 		w := randF32(r, n)
 		for _, wt := range [][]float32{nil, w} {
 			out := make([]float32, n)
-			RMSNorm(out, x, wt, 1e-5)
+			o.RMSNorm(out, x, wt, 1e-5)
 			var ss float64
 			for _, v := range x {
 				ss += float64(v) * float64(v)
@@ -42,7 +42,7 @@ func testOps(t *testing.T) {
 			s[1] = float32(math.Inf(-1)) // masked position
 			s[2] = -200                  // underflows
 		}
-		Softmax(s)
+		o.Softmax(s)
 		m := math.Inf(-1)
 		for i, v := range x {
 			if n > 3 && (i == 1 || i == 2) {
@@ -73,14 +73,14 @@ func testOps(t *testing.T) {
 			g[0], g[1] = 100, -100 // exp overflow/underflow sides
 		}
 		out := make([]float32, n)
-		SiLUMul(out, g, u)
+		o.SiLUMul(out, g, u)
 		for i := range out {
 			want := float64(g[i]) / (1 + math.Exp(-float64(g[i]))) * float64(u[i])
 			if !closeRel(out[i], float32(want), 2e-6) {
 				t.Fatalf("SiLUMul n=%d i=%d g=%g: %g want %g", n, i, g[i], out[i], want)
 			}
 		}
-		SiLUMul(g, g, u) // aliasing
+		o.SiLUMul(g, g, u) // aliasing
 		for i := range out {
 			if g[i] != out[i] {
 				t.Fatalf("SiLUMul aliased n=%d i=%d differs", n, i)

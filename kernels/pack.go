@@ -67,7 +67,6 @@ type packed struct {
 	act        actKind
 	block      int     // columns per kernel block
 	k          float32 // implicit offset K (Q8_0 128, Q5_0 16, Q4_0 8, Q6_K 32, Q3_K 4); 1 for the S/M kinds
-	avx2       bool    // built for the AVX2 kernels, which read only the generic layouts
 	groups     int
 	nb         int // blocks per row
 	groupBytes int
@@ -113,8 +112,9 @@ func (pk *packed) kernelArg() int {
 
 var le = binary.LittleEndian
 
-// pack builds m's packed layout, or noPack when the type has none.
-func pack(p *Pool, m *Matrix) *packed {
+// pack builds m's packed layout for the AVX-512 or (avx2) the AVX2 kernels,
+// or noPack when the type has none.
+func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 	var pk packed
 	switch m.Type {
 	case quant.Q8_0:
@@ -123,28 +123,28 @@ func pack(p *Pool, m *Matrix) *packed {
 		pk = packed{kind: packQ4C, act: actQ8_0, block: 32, k: 8}
 	case quant.Q4_K:
 		pk = packed{kind: packQ4K, act: actQ8_K, block: 32, k: 1}
-		if useAVX2 {
+		if avx2 {
 			pk.kind = packQ4SM
 		}
 	case quant.Q4_1:
 		pk = packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}
 	case quant.Q6_K:
 		pk = packed{kind: packQ6K, act: actQ8_K, block: 16, k: 32}
-		if useAVX2 {
+		if avx2 {
 			pk.kind = packQ8S16
 		}
 	case quant.Q3_K:
 		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 4}
 	case quant.Q5_K:
 		pk = packed{kind: packQ5K, act: actQ8_K, block: 32, k: 1}
-		if useAVX2 {
+		if avx2 {
 			pk = packed{kind: packSM16, act: actQ8_K, block: 16, k: 1}
 		}
 	case quant.Q2_K:
 		pk = packed{kind: packSM16, act: actQ8_K, block: 16, k: 1}
 	case quant.Q5_0:
 		pk = packed{kind: packQ5C, act: actQ8_0, block: 32, k: 16}
-		if useAVX2 {
+		if avx2 {
 			pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
 		}
 	case quant.Q5_1:
@@ -155,7 +155,6 @@ func pack(p *Pool, m *Matrix) *packed {
 	if m.Cols%32 != 0 || (pk.act == actQ8_K && m.Cols%256 != 0) || m.Rows == 0 {
 		return noPack
 	}
-	pk.avx2 = useAVX2
 	pk.groups = (m.Rows + 15) / 16
 	pk.nb = m.Cols / pk.block
 	pk.groupBytes = pk.nb * pk.kind.tileBytes()

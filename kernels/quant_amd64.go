@@ -11,7 +11,7 @@ func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, stst
 // quantRowFast quantizes one activation row straight into its tile slots
 // (see act.go) when an assembly quantizer fits the layout.
 func quantRowFast(pk *packed, row []float32, q []int8, st []float32, n, nt int) bool {
-	if !asmQuant || len(row) == 0 {
+	if len(row) == 0 {
 		return false
 	}
 	switch {

@@ -2,11 +2,8 @@
 
 package kernels
 
-func setSIMD(string) {}
-
-func init() { applyEnvISA() }
-
-func usesPacked() bool { return false }
+// availableISAs is the generic set alone: this build has no assembly.
+func availableISAs() []*Ops { return []*Ops{newGeneric()} }
 
 func spinPause() {}
 

@@ -168,20 +168,20 @@ func mixBF16Vec(out, w []float32, v []uint16, stride int) {
 	}
 }
 
-func setFloatAVX512() {
-	attnScoresF32 = scoresF32Vec
-	attnScoresF16 = scoresF16Vec
-	attnScoresBF16 = scoresBF16Vec
-	attnMixF32 = mixF32Vec
-	attnMixF16 = mixF16Vec
-	attnMixBF16 = mixBF16Vec
-	dotF32 = dotF32Vec
-	dotF16 = dotF16Vec
-	dotBF16 = dotBF16Vec
-	axpyF32 = axpyF32Vec
-	axpyF16 = axpyF16Vec
-	axpyBF16 = axpyBF16Vec
-	f16ToF32Row = f16ToF32Vec
-	f32ToF16Row = f32ToF16Vec
-	bf16ToF32Row = bf16ToF32Vec
+func setFloatAVX512(o *Ops) {
+	o.attnScoresF32 = scoresF32Vec
+	o.attnScoresF16 = scoresF16Vec
+	o.attnScoresBF16 = scoresBF16Vec
+	o.attnMixF32 = mixF32Vec
+	o.attnMixF16 = mixF16Vec
+	o.attnMixBF16 = mixBF16Vec
+	o.dotF32 = dotF32Vec
+	o.dotF16 = dotF16Vec
+	o.dotBF16 = dotBF16Vec
+	o.axpyF32 = axpyF32Vec
+	o.axpyF16 = axpyF16Vec
+	o.axpyBF16 = axpyBF16Vec
+	o.f16ToF32Row = f16ToF32Vec
+	o.f32ToF16Row = f32ToF16Vec
+	o.bf16ToF32Row = bf16ToF32Vec
 }

@@ -24,8 +24,8 @@ type Options struct {
 	Threads int
 	// Pool shares an existing worker pool instead of starting one.
 	Pool *kernels.Pool
-	// Reference selects the plain Go kernels (the slow, obvious path tests
-	// hold the fast one against).
+	// Reference selects the plain Go kernels, kernels.Generic, for the
+	// forward pass (the slow, obvious path tests hold the fast one against).
 	Reference bool
 	// ContextLen overrides the context length (0 = the model's).
 	ContextLen int

@@ -19,8 +19,7 @@ type Model struct {
 	W       *Weights
 	pool    *kernels.Pool
 	ownPool bool
-	matmul  func(p *kernels.Pool, w *kernels.Matrix, x, out []float32, batch int)
-	matmulN func(p *kernels.Pool, ws []*kernels.Matrix, x []float32, outs [][]float32, batch int)
+	ops     *kernels.Ops // kernels.Generic() for Options.Reference, else kernels.Best()
 	freqs   []float32
 	tok     tokenizer.Tokenizer
 	closer  io.Closer
@@ -37,14 +36,9 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), matmul: kernels.MatMul, matmulN: kernels.MatMulN}
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), ops: kernels.Best()}
 	if o.Reference {
-		m.matmul = kernels.MatMulRef
-		m.matmulN = func(p *kernels.Pool, ws []*kernels.Matrix, x []float32, outs [][]float32, batch int) {
-			for i, w := range ws {
-				kernels.MatMulRef(p, w, x, outs[i], batch)
-			}
-		}
+		m.ops = kernels.Generic()
 	}
 	if o.Pool != nil {
 		m.pool = o.Pool
@@ -154,9 +148,9 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 	for li := range m.W.Layers {
 		l := &m.W.Layers[li]
 		for i := 0; i < T; i++ {
-			kernels.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
+			m.ops.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
 		}
-		m.matmulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
+		m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
 		for i := 0; i < T; i++ {
 			q, k, v := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd], s.v[i*kvd:(i+1)*kvd]
 			if l.QBias != nil {
@@ -168,27 +162,27 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 			for h := 0; h < c.NHead; h++ {
 				qh := q[h*hd : (h+1)*hd]
 				if l.QNorm != nil {
-					kernels.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
+					m.ops.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
 				}
-				kernels.RoPE(qh, pos, m.freqs, c.RopeNeox)
+				m.ops.RoPE(qh, pos, m.freqs, c.RopeNeox)
 			}
 			for h := 0; h < c.NKVHead; h++ {
 				kh := k[h*hd : (h+1)*hd]
 				if l.KNorm != nil {
-					kernels.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
+					m.ops.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
 				}
-				kernels.RoPE(kh, pos, m.freqs, c.RopeNeox)
+				m.ops.RoPE(kh, pos, m.freqs, c.RopeNeox)
 			}
 		}
 		m.attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
-		m.matmul(m.pool, l.O, s.att, s.o, T)
+		m.ops.MatMul(m.pool, l.O, s.att, s.o, T)
 		addTo(s.x, s.o)
 		for i := 0; i < T; i++ {
-			kernels.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.FFNNorm, c.RMSEps)
+			m.ops.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.FFNNorm, c.RMSEps)
 		}
-		m.matmulN(m.pool, []*kernels.Matrix{l.Gate, l.Up}, s.xn, [][]float32{s.gate, s.up}, T)
-		kernels.SiLUMul(s.gate, s.gate, s.up)
-		m.matmul(m.pool, l.Down, s.gate, s.o, T)
+		m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Gate, l.Up}, s.xn, [][]float32{s.gate, s.up}, T)
+		m.ops.SiLUMul(s.gate, s.gate, s.up)
+		m.ops.MatMul(m.pool, l.Down, s.gate, s.o, T)
 		addTo(s.x, s.o)
 	}
 
@@ -202,13 +196,13 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 	r := 0
 	for i := 0; i < T; i++ {
 		if wantLogits(b, i) {
-			kernels.RMSNorm(s.logitsIn[r*d:(r+1)*d], s.x[i*d:(i+1)*d], m.W.OutputNorm, c.RMSEps)
+			m.ops.RMSNorm(s.logitsIn[r*d:(r+1)*d], s.x[i*d:(i+1)*d], m.W.OutputNorm, c.RMSEps)
 			r++
 		}
 	}
 	logits := make([]float32, rows*c.VocabSize)
 	if rows > 0 {
-		m.matmul(m.pool, m.W.Output, s.logitsIn, logits, rows)
+		m.ops.MatMul(m.pool, m.W.Output, s.logitsIn, logits, rows)
 	}
 	for i, v := range logits {
 		// Corrupt weights (a NaN or Inf in a matrix) surface here rather
