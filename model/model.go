@@ -22,8 +22,10 @@ type Model struct {
 	matmul  func(p *kernels.Pool, w *kernels.Matrix, x, out []float32, batch int)
 	matmulN func(p *kernels.Pool, ws []*kernels.Matrix, x []float32, outs [][]float32, batch int)
 	freqs   []float32
-	tok     tokenizer.Tokenizer
-	closer  io.Closer
+	// attn and ffn are the block's parts, composed from the declaration.
+	attn, ffn part
+	tok       tokenizer.Tokenizer
+	closer    io.Closer
 
 	mu  sync.Mutex
 	buf scratch
@@ -33,11 +35,19 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	a, err := lookupArch(c.Arch)
+	if err != nil {
+		return nil, err
+	}
+	attn, ffn, err := newBlock(a)
+	if err != nil {
+		return nil, err
+	}
 	w, err := bind(src, c)
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), matmul: kernels.MatMul, matmulN: kernels.MatMulN}
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffn: ffn, matmul: kernels.MatMul, matmulN: kernels.MatMulN}
 	if o.Reference {
 		m.matmul = kernels.MatMulRef
 		m.matmulN = func(p *kernels.Pool, ws []*kernels.Matrix, x []float32, outs [][]float32, batch int) {
@@ -149,47 +159,9 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 			return nil, fmt.Errorf("model: embedding: %v", err)
 		}
 	}
-	ap := m.AttnParams()
-	hd := c.HeadDim
 	for li := range m.W.Layers {
-		l := &m.W.Layers[li]
-		for i := 0; i < T; i++ {
-			kernels.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
-		}
-		m.matmulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
-		for i := 0; i < T; i++ {
-			q, k, v := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd], s.v[i*kvd:(i+1)*kvd]
-			if l.QBias != nil {
-				addTo(q, l.QBias)
-				addTo(k, l.KBias)
-				addTo(v, l.VBias)
-			}
-			pos := int(b.Pos[i])
-			for h := 0; h < c.NHead; h++ {
-				qh := q[h*hd : (h+1)*hd]
-				if l.QNorm != nil {
-					kernels.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
-				}
-				kernels.RoPE(qh, pos, m.freqs, c.RopeNeox)
-			}
-			for h := 0; h < c.NKVHead; h++ {
-				kh := k[h*hd : (h+1)*hd]
-				if l.KNorm != nil {
-					kernels.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
-				}
-				kernels.RoPE(kh, pos, m.freqs, c.RopeNeox)
-			}
-		}
-		m.attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
-		m.matmul(m.pool, l.O, s.att, s.o, T)
-		addTo(s.x, s.o)
-		for i := 0; i < T; i++ {
-			kernels.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.FFNNorm, c.RMSEps)
-		}
-		m.matmulN(m.pool, []*kernels.Matrix{l.Gate, l.Up}, s.xn, [][]float32{s.gate, s.up}, T)
-		kernels.SiLUMul(s.gate, s.gate, s.up)
-		m.matmul(m.pool, l.Down, s.gate, s.o, T)
-		addTo(s.x, s.o)
+		m.attn.forward(m, li, b, kv)
+		m.ffn.forward(m, li, b, kv)
 	}
 
 	rows := 0
