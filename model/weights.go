@@ -156,7 +156,7 @@ func bindSlot(src source, t arch.Named, d arch.Dims, s slot) error {
 	var err error
 	switch {
 	case len(shape) == 1 && s.vec != nil:
-		*s.vec, err = bindVector(src, t.Name, shape[0], false)
+		*s.vec, err = bindVector(src, t.Name, shape[0])
 	case len(shape) == 2 && s.mat != nil:
 		*s.mat, err = bindMatrix(src, t.Name, shape[1], shape[0])
 	case len(shape) == 3 && s.stack != nil:
@@ -223,12 +223,9 @@ func bindStack(src source, name string, n, rows, cols int) ([]*kernels.Matrix, e
 	return out, nil
 }
 
-func bindVector(src source, name string, n int, optional bool) ([]float32, error) {
+func bindVector(src source, name string, n int) ([]float32, error) {
 	t, ok := src.tensor(name)
 	if !ok {
-		if optional {
-			return nil, nil
-		}
 		return nil, fmt.Errorf("tensor %s missing", label(src, name))
 	}
 	if !t.Type.Supported() {
