@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"strings"
 
+	"pagoda/arch"
 	"pagoda/quant"
 )
 
@@ -30,7 +31,18 @@ const (
 	catOutput
 )
 
+// tensorCategory takes a declared tensor's category from its role (package
+// arch); other names, from architectures Pagoda does not run, by
+// llama.cpp's name fragments.
 func tensorCategory(name string) category {
+	if r, ok := arch.RoleOf(name); ok {
+		return roleCategory(r)
+	}
+	return fragmentCategory(name)
+}
+
+// fragmentCategory is llama.cpp's name test.
+func fragmentCategory(name string) category {
 	switch {
 	case name == "output.weight":
 		return catOutput
@@ -53,6 +65,30 @@ func tensorCategory(name string) category {
 	case strings.Contains(name, "ffn_gate"):
 		return catFFNGate
 	case strings.Contains(name, "ffn_down"):
+		return catFFNDown
+	}
+	return catOther
+}
+
+func roleCategory(r arch.Role) category {
+	switch r {
+	case arch.TokenEmbd:
+		return catTokenEmbd
+	case arch.Output:
+		return catOutput
+	case arch.AttnQ:
+		return catAttnQ
+	case arch.AttnK:
+		return catAttnK
+	case arch.AttnV:
+		return catAttnV
+	case arch.AttnOut:
+		return catAttnOutput
+	case arch.FFNGate:
+		return catFFNGate
+	case arch.FFNUp:
+		return catFFNUp
+	case arch.FFNDown:
 		return catFFNDown
 	}
 	return catOther

@@ -7,6 +7,7 @@ import (
 	"strings"
 	"testing"
 
+	"pagoda/arch"
 	"pagoda/model"
 	"pagoda/quant"
 	"pagoda/synth"
@@ -250,5 +251,27 @@ func TestQuantizeSynthRuns(t *testing.T) {
 	// extra bits help.
 	if !(q8 < 0.04) || !(km < pure) || !(km < 0.25) {
 		t.Errorf("relative RMS logit errors Q8_0 %.4f (want < 0.04), Q4_K_M %.4f (want < pure %.4f and < 0.25)", q8, km, pure)
+	}
+}
+
+// Declared tensors get their quantization category from their role; for
+// every architecture Pagoda runs that must be what llama.cpp's name
+// fragments give, or files would quantize differently from llama-quantize.
+func TestRoleCategoryMatchesFragments(t *testing.T) {
+	d := arch.Dims{Embd: 8, Heads: 2, KVHeads: 1, HeadDim: 4, FFN: 16, Vocab: 10, Bias: true}
+	seen := map[category]bool{}
+	for _, name := range arch.Names() {
+		for _, tt := range arch.Lookup(name).Tensors(d, 2) {
+			c := tensorCategory(tt.Name)
+			if f := fragmentCategory(tt.Name); c != f {
+				t.Errorf("%s %s: role category %d, fragment category %d", name, tt.Name, c, f)
+			}
+			seen[c] = true
+		}
+	}
+	for _, c := range []category{catTokenEmbd, catOutput, catAttnQ, catAttnK, catAttnV, catAttnOutput, catFFNGate, catFFNUp, catFFNDown, catOther} {
+		if !seen[c] {
+			t.Errorf("no declared tensor has category %d", c)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"sort"
 	"strings"
 
+	"pagoda/arch"
 	"pagoda/gguf"
 	"pagoda/hf"
 	"pagoda/llama2c"
@@ -210,23 +211,24 @@ func openLlama2C(path string) (*source, error) {
 	lc := c.Config
 	s := &source{closers: []io.Closer{c}}
 	hd := lc.HeadDim()
+	a := llama2c.Arch().Name + "."
 	for _, e := range []struct {
 		k string
 		v any
 	}{
-		{"general.architecture", "llama"},
+		{"general.architecture", llama2c.Arch().Name},
 		{"general.name", baseName(path)},
-		{"llama.vocab_size", uint32(lc.VocabSize)},
-		{"llama.context_length", uint32(lc.SeqLen)},
-		{"llama.embedding_length", uint32(lc.Dim)},
-		{"llama.block_count", uint32(lc.NLayers)},
-		{"llama.feed_forward_length", uint32(lc.HiddenDim)},
-		{"llama.attention.head_count", uint32(lc.NHeads)},
-		{"llama.attention.head_count_kv", uint32(lc.NKVHeads)},
-		{"llama.rope.dimension_count", uint32(hd)},
+		{a + "vocab_size", uint32(lc.VocabSize)},
+		{a + "context_length", uint32(lc.SeqLen)},
+		{a + "embedding_length", uint32(lc.Dim)},
+		{a + "block_count", uint32(lc.NLayers)},
+		{a + "feed_forward_length", uint32(lc.HiddenDim)},
+		{a + "attention.head_count", uint32(lc.NHeads)},
+		{a + "attention.head_count_kv", uint32(lc.NKVHeads)},
+		{a + "rope.dimension_count", uint32(hd)},
 		// run.c hard-codes both.
-		{"llama.rope.freq_base", float32(10000)},
-		{"llama.attention.layer_norm_rms_epsilon", float32(1e-5)},
+		{a + "rope.freq_base", float32(10000)},
+		{a + "attention.layer_norm_rms_epsilon", float32(1e-5)},
 	} {
 		if err := s.setKV(e.k, e.v); err != nil {
 			c.Close()
@@ -238,15 +240,16 @@ func openLlama2C(path string) (*source, error) {
 		s.tensors = append(s.tensors, &srcTensor{name: t.Name, typ: t.Type, dims: t.Dims,
 			data: func() ([]byte, error) { return t.Data, nil }})
 	}
-	sortCanonical(s.tensors)
+	sortCanonical(s.tensors, llama2c.Arch())
 	return s, nil
 }
 
 // --- Hugging Face ---
 
 // canonicalRank orders tensors as the GGUF converters write them:
-// embeddings and rope_freqs, then the blocks, then the output head.
-func canonicalRank(name string) (int, int, int) {
+// embeddings and rope_freqs, then the blocks (in the order the architecture
+// declares them), then the output head.
+func canonicalRank(name string, a *arch.Arch) (int, int, int) {
 	switch name {
 	case "token_embd.weight":
 		return 0, 0, 0
@@ -262,13 +265,13 @@ func canonicalRank(name string) (int, int, int) {
 		return 3, 0, 0
 	}
 	rest := name[strings.IndexByte(name[4:], '.')+5:]
-	return 1, l, hf.BlockOrder(rest)
+	return 1, l, a.BlockOrder(rest)
 }
 
-func sortCanonical(ts []*srcTensor) {
+func sortCanonical(ts []*srcTensor, a *arch.Arch) {
 	sort.SliceStable(ts, func(i, j int) bool {
-		a0, a1, a2 := canonicalRank(ts[i].name)
-		b0, b1, b2 := canonicalRank(ts[j].name)
+		a0, a1, a2 := canonicalRank(ts[i].name, a)
+		b0, b1, b2 := canonicalRank(ts[j].name, a)
 		if a0 != b0 {
 			return a0 < b0
 		}
@@ -356,9 +359,9 @@ func openHF(dir string) (*source, error) {
 		if strings.HasSuffix(hn, "rotary_emb.inv_freq") {
 			continue // recomputed from rope_theta
 		}
-		name, ok := hf.GGUFName(hn)
+		name, ok := hc.GGUFName(hn)
 		if !ok {
-			return fail(fmt.Errorf("tensor %q: no GGUF name for it (supported: llama, mistral, qwen2, qwen3 layouts)", hn))
+			return fail(fmt.Errorf("tensor %q: no GGUF name for it in the %s layout", hn, hc.ModelType))
 		}
 		if name == "output.weight" && tied {
 			continue
@@ -376,7 +379,7 @@ func openHF(dir string) (*source, error) {
 		s.tensors = append(s.tensors, &srcTensor{name: "rope_freqs.weight", typ: quant.F32,
 			dims: []uint64{uint64(len(ropeFreqs))}, data: func() ([]byte, error) { return data, nil }})
 	}
-	sortCanonical(s.tensors)
+	sortCanonical(s.tensors, hc.Decl)
 	return s, nil
 }
 

@@ -11,14 +11,17 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+
+	"pagoda/arch"
 )
 
 // Config is config.json with defaults filled in. Sizes are as written
 // (unchecked, possibly zero or negative) except for the defaults noted;
 // callers hold them to their own limits.
 type Config struct {
-	ModelType string // as written: llama, mistral, qwen2 or qwen3
-	Arch      string // the GGUF architecture: llama (also for mistral), qwen2, qwen3
+	ModelType string     // as written: llama, mistral, qwen2, qwen3…
+	Arch      string     // the GGUF architecture: llama (also for mistral), qwen2, qwen3…
+	Decl      *arch.Arch // the architecture's declaration
 	// RopeNeox: qwen2/qwen3 rotate half-split pairs, as HF does. Llama's
 	// q/k rows must be reordered (Unpermute) for ggml's adjacent pairs.
 	RopeNeox bool
@@ -121,14 +124,11 @@ func ParseConfig(b []byte) (*Config, error) {
 		AttentionBias:         r.AttentionBias,
 		HiddenAct:             r.HiddenAct,
 	}
-	switch r.ModelType {
-	case "llama", "mistral":
-		c.Arch = "llama"
-	case "qwen2", "qwen3":
-		c.Arch, c.RopeNeox = r.ModelType, true
-	default:
-		return nil, fmt.Errorf("config.json: model_type %q not supported (supported: llama, mistral, qwen2, qwen3)", r.ModelType)
+	c.Decl = arch.LookupHF(r.ModelType)
+	if c.Decl == nil {
+		return nil, fmt.Errorf("config.json: model_type %q not supported (supported: %s)", r.ModelType, strings.Join(arch.HFNames(), ", "))
 	}
+	c.Arch, c.RopeNeox = c.Decl.Name, c.Decl.Rope() == arch.RopeNeox
 	if r.HiddenAct != "" && r.HiddenAct != "silu" {
 		return nil, fmt.Errorf("config.json: hidden_act %q not supported", r.HiddenAct)
 	}
@@ -181,10 +181,11 @@ func (c *Config) PermutedHeads(ggufName string) (heads int, ok bool) {
 	if c.RopeNeox {
 		return 0, false
 	}
+	t, ok := c.Decl.Find(ggufName)
 	switch {
-	case strings.HasSuffix(ggufName, ".attn_q.weight"):
+	case ok && t.Role == arch.AttnQ:
 		return c.NumHeads, true
-	case strings.HasSuffix(ggufName, ".attn_k.weight"):
+	case ok && t.Role == arch.AttnK:
 		return c.NumKVHeads, true
 	}
 	return 0, false

@@ -5,70 +5,43 @@ import (
 	"strings"
 	"testing"
 
+	"pagoda/arch"
 	"pagoda/quant"
 	"pagoda/testutil"
 )
 
-func TestNamesRoundTrip(t *testing.T) {
-	if n := len(LayerTensors()); n != 14 {
-		t.Fatalf("%d layer tensors, want 14", n)
-	}
-	for _, layer := range []string{"0", "7", "31", "123"} {
-		for i, m := range LayerTensors() {
-			hfn := "model.layers." + layer + "." + m.HF
-			gn := "blk." + layer + "." + m.GGUF
-			got, ok := GGUFName(hfn)
-			if !ok || got != gn {
-				t.Errorf("GGUFName(%q) = %q, %v; want %q", hfn, got, ok, gn)
-			}
-			back, ok := HFName(got)
-			if !ok || back != hfn {
-				t.Errorf("HFName(%q) = %q, %v; want %q", got, back, ok, hfn)
-			}
-			if o := BlockOrder(m.GGUF); o != i {
-				t.Errorf("BlockOrder(%q) = %d, want %d", m.GGUF, o, i)
-			}
+// The name map is the architecture's declaration: qwen2's biases map, and a
+// qwen3 checkpoint's q/k norms do, but neither is in the other's map.
+func TestConfigNames(t *testing.T) {
+	parse := func(typ string) *Config {
+		c, err := ParseConfig([]byte(`{"model_type": "` + typ + `", "hidden_size": 64, "num_attention_heads": 8}`))
+		if err != nil {
+			t.Fatal(err)
 		}
+		return c
 	}
-	for hfn, gn := range map[string]string{
-		"model.embed_tokens.weight": "token_embd.weight",
-		"model.norm.weight":         "output_norm.weight",
-		"lm_head.weight":            "output.weight",
+	q2, q3 := parse("qwen2"), parse("qwen3")
+	for _, c := range []struct {
+		c      *Config
+		hf, gg string
+	}{
+		{q2, "model.layers.3.self_attn.q_proj.bias", "blk.3.attn_q.bias"},
+		{q2, "model.layers.3.mlp.down_proj.weight", "blk.3.ffn_down.weight"},
+		{q3, "model.layers.12.self_attn.k_norm.weight", "blk.12.attn_k_norm.weight"},
+		{q3, "lm_head.weight", "output.weight"},
 	} {
-		if got, ok := GGUFName(hfn); !ok || got != gn {
-			t.Errorf("GGUFName(%q) = %q, %v; want %q", hfn, got, ok, gn)
+		if got, ok := c.c.GGUFName(c.hf); !ok || got != c.gg {
+			t.Errorf("%s GGUFName(%q) = %q, %v; want %q", c.c.Arch, c.hf, got, ok, c.gg)
 		}
-		if got, ok := HFName(gn); !ok || got != hfn {
-			t.Errorf("HFName(%q) = %q, %v; want %q", gn, got, ok, hfn)
-		}
-	}
-	// The converter writes a block in llama.cpp's order.
-	order := []string{"attn_norm.weight", "attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight", "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight"}
-	for i := 1; i < len(order); i++ {
-		if BlockOrder(order[i-1]) >= BlockOrder(order[i]) {
-			t.Errorf("%s does not come before %s", order[i-1], order[i])
+		if got, ok := c.c.HFName(c.gg); !ok || got != c.hf {
+			t.Errorf("%s HFName(%q) = %q, %v; want %q", c.c.Arch, c.gg, got, ok, c.hf)
 		}
 	}
-	if o := BlockOrder("ffn_gate_exps.weight"); o != len(LayerTensors()) {
-		t.Errorf("unknown tensor ranks %d, want %d", o, len(LayerTensors()))
+	if got, ok := q3.GGUFName("model.layers.3.self_attn.q_proj.bias"); ok {
+		t.Errorf("qwen3 maps a q bias to %q", got)
 	}
-	// LayerTensors hands out a copy.
-	LayerTensors()[0].GGUF = "x"
-	if LayerTensors()[0].GGUF != "attn_norm.weight" {
-		t.Fatal("LayerTensors exposes its table")
-	}
-	for _, bad := range []string{"", "model.layers.0", "model.layers..self_attn.q_proj.weight", "model.layers.x.self_attn.q_proj.weight",
-		"model.layers.-1.self_attn.q_proj.weight", "model.layers.0.self_attn.rotary_emb.inv_freq", "layers.0.mlp.up_proj.weight",
-		"blk.0.attn_q.weight", "transformer.wte.weight"} {
-		if got, ok := GGUFName(bad); ok {
-			t.Errorf("GGUFName(%q) = %q, want none", bad, got)
-		}
-	}
-	for _, bad := range []string{"", "blk.0", "blk..attn_q.weight", "blk.+1.attn_q.weight", "blk.0.ffn_gate_exps.weight",
-		"rope_freqs.weight", "model.layers.0.self_attn.q_proj.weight"} {
-		if got, ok := HFName(bad); ok {
-			t.Errorf("HFName(%q) = %q, want none", bad, got)
-		}
+	if got, ok := q2.GGUFName("model.layers.3.self_attn.q_norm.weight"); ok {
+		t.Errorf("qwen2 maps a q norm to %q", got)
 	}
 }
 
@@ -117,7 +90,7 @@ func TestReadConfigStories(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := Config{
-		ModelType: "llama", Arch: "llama",
+		ModelType: "llama", Arch: "llama", Decl: arch.Lookup("llama"),
 		VocabSize: 512, HiddenSize: 64, IntermediateSize: 172, NumLayers: 5, NumHeads: 8, NumKVHeads: 4,
 		HeadDim: 8, MaxPositionEmbeddings: 512, RMSEps: 1e-5, RopeTheta: 10000,
 		TieWordEmbeddings: true, HiddenAct: "silu",

@@ -25,6 +25,7 @@ import (
 	"math"
 	"os"
 
+	"pagoda/arch"
 	"pagoda/mmapfile"
 	"pagoda/quant"
 )
@@ -243,14 +244,44 @@ func (s shape) elems() uint64 {
 	return n
 }
 
-func perLayer(cfg Config, suffix string, dims ...int) []shape {
-	out := make([]shape, cfg.NLayers)
-	d := make([]uint64, len(dims))
-	for i, x := range dims {
-		d[i] = uint64(x)
+// Arch is the architecture every llama2.c checkpoint is: llama.
+func Arch() *arch.Arch { return arch.Lookup("llama") }
+
+func (c Config) dims() arch.Dims {
+	return arch.Dims{Embd: c.Dim, Heads: c.NHeads, KVHeads: c.NKVHeads, HeadDim: c.HeadDim(), FFN: c.HiddenDim,
+		Vocab: c.VocabSize, Tied: c.SharedClassifier}
+}
+
+// named lists the tensors of role r (one per layer for block tensors) under
+// the names and shapes llama's declaration gives them; none when the
+// checkpoint has no such tensor (output.weight with a shared classifier).
+func (c Config) named(r arch.Role) []shape {
+	a := Arch()
+	t, ok := a.ByRole(r)
+	d := c.dims()
+	if !ok || !t.In(d) {
+		return nil
 	}
+	var dims []uint64
+	for _, x := range t.Shape(d) {
+		dims = append(dims, uint64(x))
+	}
+	if r == arch.TokenEmbd || r == arch.OutputNorm || r == arch.Output {
+		return []shape{{t.Name, dims}}
+	}
+	out := make([]shape, c.NLayers)
 	for l := range out {
-		out[l] = shape{fmt.Sprintf("blk.%d.%s", l, suffix), d}
+		out[l] = shape{arch.BlockName(l, t.Name), dims}
+	}
+	return out
+}
+
+// roles lists the tensors of each role in turn, the order a format stores
+// them in.
+func (c Config) roles(rs ...arch.Role) [][]shape {
+	out := make([][]shape, len(rs))
+	for i, r := range rs {
+		out[i] = c.named(r)
 	}
 	return out
 }
@@ -297,21 +328,9 @@ func (c *Checkpoint) finish(r *cursor) error {
 
 func (c *Checkpoint) readLegacy(b []byte, off int) error {
 	cfg := c.Config
-	d, h, v, kv := cfg.Dim, cfg.HiddenDim, cfg.VocabSize, cfg.KVDim()
 	r := &cursor{b: b, off: off}
-	var order [][]shape
-	order = append(order, []shape{{"token_embd.weight", []uint64{uint64(d), uint64(v)}}})
-	order = append(order,
-		perLayer(cfg, "attn_norm.weight", d),
-		perLayer(cfg, "attn_q.weight", d, d),
-		perLayer(cfg, "attn_k.weight", d, kv),
-		perLayer(cfg, "attn_v.weight", d, kv),
-		perLayer(cfg, "attn_output.weight", d, d),
-		perLayer(cfg, "ffn_norm.weight", d),
-		perLayer(cfg, "ffn_gate.weight", d, h),
-		perLayer(cfg, "ffn_down.weight", h, d),
-		perLayer(cfg, "ffn_up.weight", d, h),
-		[]shape{{"output_norm.weight", []uint64{uint64(d)}}})
+	order := cfg.roles(arch.TokenEmbd, arch.AttnNorm, arch.AttnQ, arch.AttnK, arch.AttnV, arch.AttnOut,
+		arch.FFNNorm, arch.FFNGate, arch.FFNDown, arch.FFNUp, arch.OutputNorm)
 	for _, group := range order {
 		if err := c.f32(r, group...); err != nil {
 			return err
@@ -322,34 +341,17 @@ func (c *Checkpoint) readLegacy(b []byte, off int) error {
 	if _, err := r.take("freq_cis", 2*4*uint64(cfg.SeqLen)*uint64(cfg.HeadDim()/2)); err != nil {
 		return err
 	}
-	if !cfg.SharedClassifier {
-		if err := c.f32(r, shape{"output.weight", []uint64{uint64(d), uint64(v)}}); err != nil {
-			return err
-		}
+	if err := c.f32(r, cfg.named(arch.Output)...); err != nil {
+		return err
 	}
 	return c.finish(r)
 }
 
 func (c *Checkpoint) readV1(b []byte, off int) error {
 	cfg := c.Config
-	d, h, v, kv := cfg.Dim, cfg.HiddenDim, cfg.VocabSize, cfg.KVDim()
 	r := &cursor{b: b, off: off}
-	groups := [][]shape{
-		perLayer(cfg, "attn_norm.weight", d),
-		perLayer(cfg, "ffn_norm.weight", d),
-		{{"output_norm.weight", []uint64{uint64(d)}}},
-		{{"token_embd.weight", []uint64{uint64(d), uint64(v)}}},
-		perLayer(cfg, "attn_q.weight", d, d),
-		perLayer(cfg, "attn_k.weight", d, kv),
-		perLayer(cfg, "attn_v.weight", d, kv),
-		perLayer(cfg, "attn_output.weight", d, d),
-		perLayer(cfg, "ffn_gate.weight", d, h),
-		perLayer(cfg, "ffn_down.weight", h, d),
-		perLayer(cfg, "ffn_up.weight", d, h),
-	}
-	if !cfg.SharedClassifier {
-		groups = append(groups, []shape{{"output.weight", []uint64{uint64(d), uint64(v)}}})
-	}
+	groups := cfg.roles(arch.AttnNorm, arch.FFNNorm, arch.OutputNorm, arch.TokenEmbd, arch.AttnQ, arch.AttnK,
+		arch.AttnV, arch.AttnOut, arch.FFNGate, arch.FFNDown, arch.FFNUp, arch.Output)
 	for _, g := range groups {
 		if err := c.f32(r, g...); err != nil {
 			return err
@@ -360,13 +362,8 @@ func (c *Checkpoint) readV1(b []byte, off int) error {
 
 func (c *Checkpoint) readV2(b []byte, off int) error {
 	cfg := c.Config
-	d, h, v, kv := cfg.Dim, cfg.HiddenDim, cfg.VocabSize, cfg.KVDim()
 	r := &cursor{b: b, off: off}
-	norms := [][]shape{
-		perLayer(cfg, "attn_norm.weight", d),
-		perLayer(cfg, "ffn_norm.weight", d),
-		{{"output_norm.weight", []uint64{uint64(d)}}},
-	}
+	norms := cfg.roles(arch.AttnNorm, arch.FFNNorm, arch.OutputNorm)
 	for _, g := range norms {
 		for _, s := range g {
 			p, err := r.take(s.name, 4*s.elems())
@@ -377,19 +374,8 @@ func (c *Checkpoint) readV2(b []byte, off int) error {
 			c.add(s.name, quant.F32, s.dims, append([]byte(nil), p...))
 		}
 	}
-	mats := [][]shape{
-		{{"token_embd.weight", []uint64{uint64(d), uint64(v)}}},
-		perLayer(cfg, "attn_q.weight", d, d),
-		perLayer(cfg, "attn_k.weight", d, kv),
-		perLayer(cfg, "attn_v.weight", d, kv),
-		perLayer(cfg, "attn_output.weight", d, d),
-		perLayer(cfg, "ffn_gate.weight", d, h),
-		perLayer(cfg, "ffn_down.weight", h, d),
-		perLayer(cfg, "ffn_up.weight", d, h),
-	}
-	if !cfg.SharedClassifier {
-		mats = append(mats, []shape{{"output.weight", []uint64{uint64(d), uint64(v)}}})
-	}
+	mats := cfg.roles(arch.TokenEmbd, arch.AttnQ, arch.AttnK, arch.AttnV, arch.AttnOut, arch.FFNGate,
+		arch.FFNDown, arch.FFNUp, arch.Output)
 	gs := uint64(cfg.GroupSize)
 	for _, g := range mats {
 		for _, s := range g {

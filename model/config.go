@@ -7,6 +7,9 @@ package model
 import (
 	"fmt"
 	"math"
+	"strings"
+
+	"pagoda/arch"
 )
 
 // Config is the architecture and hyper-parameters of a model, whatever
@@ -30,9 +33,42 @@ type Config struct {
 	RMSEps        float32
 	SlidingWindow int // 0 = full attention
 
+	// TiedOutput, QKVBias, QKNorm and RopeNeox restate the declaration
+	// (package arch) resolved for this checkpoint; setArch sets them.
 	TiedOutput bool
 	QKVBias    bool
 	QKNorm     bool
+}
+
+// lookupArch finds a GGUF architecture name in the registry.
+func lookupArch(name string) (*arch.Arch, error) {
+	a := arch.Lookup(name)
+	if a == nil {
+		return nil, fmt.Errorf("architecture %q not supported (supported: %s)", name, strings.Join(arch.Names(), ", "))
+	}
+	return a, nil
+}
+
+// setArch resolves the declaration's per-architecture choices for this
+// checkpoint; bias is whether it asks for q/k/v biases where the
+// architecture leaves that open (HF llama's attention_bias).
+func (c *Config) setArch(a *arch.Arch, bias bool) {
+	c.Arch = a.Name
+	c.RopeNeox = a.Rope() == arch.RopeNeox
+	c.QKVBias, c.QKNorm = false, false
+	if at, ok := a.Attn.(arch.Attention); ok {
+		c.QKVBias = at.HasBias(arch.Dims{Bias: bias})
+		c.QKNorm = at.QKNorm
+		if !at.Window {
+			c.SlidingWindow = 0
+		}
+	}
+}
+
+// dims are the hyper-parameters the declared tensor shapes read.
+func (c *Config) dims() arch.Dims {
+	return arch.Dims{Embd: c.NEmbd, Heads: c.NHead, KVHeads: c.NKVHead, HeadDim: c.HeadDim, FFN: c.FFN,
+		Vocab: c.VocabSize, Bias: c.QKVBias, Tied: c.TiedOutput}
 }
 
 // Validate checks that the hyper-parameters are consistent, so a corrupt
@@ -94,19 +130,11 @@ func (c *Config) Freqs() []float32 {
 
 // Params counts the weights (embeddings included once when tied).
 func (c *Config) Params() int64 {
-	d, q, kv := int64(c.NEmbd), int64(c.NHead*c.HeadDim), int64(c.NKVHead*c.HeadDim)
-	per := d*q + 2*d*kv + q*d + 3*d*int64(c.FFN) + 2*d
-	if c.QKVBias {
-		per += q + 2*kv
+	a := arch.Lookup(c.Arch)
+	if a == nil {
+		return 0
 	}
-	if c.QKNorm {
-		per += 2 * int64(c.HeadDim)
-	}
-	n := int64(c.NLayer)*per + int64(c.VocabSize)*d + d
-	if !c.TiedOutput {
-		n += int64(c.VocabSize) * d
-	}
-	return n
+	return a.Params(c.dims(), c.NLayer)
 }
 
 // Llama3RopeFreqs computes the per-pair divisors of Llama-3.1 rope scaling,

@@ -135,17 +135,16 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	if !ok {
 		return nil, fmt.Errorf("general.architecture missing")
 	}
-	c := &Config{Arch: arch, RopeScale: 1}
-	switch arch {
-	case "llama", "mistral":
-		c.Arch = "llama"
-	case "qwen2":
-		c.RopeNeox, c.QKVBias = true, true
-	case "qwen3":
-		c.RopeNeox, c.QKNorm = true, true
-	default:
-		return nil, fmt.Errorf("architecture %q not supported (supported: llama, mistral, qwen2, qwen3)", arch)
+	decl, err := lookupArch(arch)
+	if err != nil {
+		return nil, err
 	}
+	if n, ok := f.Uint(arch + ".expert_count"); ok && n > 0 {
+		// Mixtral is arch "llama" with experts; without this check it
+		// fails later on a missing dense ffn_gate, which misleads.
+		return nil, fmt.Errorf("architecture %q with %d experts: mixture-of-experts models are not supported yet", arch, n)
+	}
+	c := &Config{RopeScale: 1}
 	var missing []string
 	u := func(key string) int {
 		v, ok := f.Uint(arch + "." + key)
@@ -200,6 +199,9 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 		c.VocabSize = int(min(emb.Dims[1], 1<<31))
 	}
 	c.TiedOutput = f.Tensor("output.weight") == nil
+	// GGUF records no attention_bias: biases only where the architecture
+	// always has them.
+	c.setArch(decl, false)
 	if rf := f.Tensor("rope_freqs.weight"); rf != nil {
 		n := c.RopeDim / 2
 		if rf.Type != quant.F32 || len(rf.Data) < 4*n {
@@ -227,7 +229,6 @@ func (s llama2cSource) tensor(name string) (*rawTensor, bool) {
 
 func configFromLlama2C(lc llama2c.Config) *Config {
 	c := &Config{
-		Arch:       "llama",
 		NLayer:     lc.NLayers,
 		NEmbd:      lc.Dim,
 		NHead:      lc.NHeads,
@@ -244,6 +245,7 @@ func configFromLlama2C(lc llama2c.Config) *Config {
 		c.HeadDim = c.NEmbd / c.NHead
 	}
 	c.RopeDim = c.HeadDim
+	c.setArch(llama2c.Arch(), false)
 	return c
 }
 
@@ -259,7 +261,7 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	if t, ok := s.perm[name]; ok {
 		return t, true
 	}
-	hn, ok := hf.HFName(name)
+	hn, ok := s.hc.HFName(name)
 	if !ok {
 		return nil, false
 	}
@@ -296,7 +298,7 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 }
 
 func (s *hfSource) fileName(name string) string {
-	hn, _ := hf.HFName(name)
+	hn, _ := s.hc.HFName(name)
 	return hn
 }
 
@@ -306,7 +308,6 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 		return nil, nil, nil, err
 	}
 	c := &Config{
-		Arch:          hc.Arch,
 		NLayer:        hc.NumLayers,
 		NEmbd:         hc.HiddenSize,
 		NHead:         hc.NumHeads,
@@ -317,20 +318,12 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 		VocabSize:     hc.VocabSize,
 		ContextLen:    hc.MaxPositionEmbeddings,
 		RopeTheta:     hc.RopeTheta,
-		RopeNeox:      hc.RopeNeox,
 		RopeScale:     1,
 		RMSEps:        float32(hc.RMSEps),
 		SlidingWindow: hc.SlidingWindow,
 		TiedOutput:    hc.TieWordEmbeddings,
 	}
-	switch hc.Arch {
-	case "llama":
-		c.QKVBias = hc.AttentionBias
-	case "qwen2":
-		c.QKVBias = true
-	case "qwen3":
-		c.QKNorm = true
-	}
+	c.setArch(hc.Decl, hc.AttentionBias)
 	switch rs := hc.RopeScaling; rs.Kind {
 	case "llama3":
 		c.RopeFreqs = Llama3RopeFreqs(c.RopeDim, c.RopeTheta, rs.Factor, rs.LowFreqFactor, rs.HighFreqFactor, rs.OriginalMaxPos)

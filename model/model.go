@@ -21,8 +21,10 @@ type Model struct {
 	ownPool bool
 	ops     *kernels.Ops // kernels.Generic() for Options.Reference, else kernels.Best()
 	freqs   []float32
-	tok     tokenizer.Tokenizer
-	closer  io.Closer
+	// attn and ffn are the block's parts, composed from the declaration.
+	attn, ffn part
+	tok       tokenizer.Tokenizer
+	closer    io.Closer
 
 	mu  sync.Mutex
 	buf scratch
@@ -32,11 +34,19 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err := c.Validate(); err != nil {
 		return nil, err
 	}
+	a, err := lookupArch(c.Arch)
+	if err != nil {
+		return nil, err
+	}
+	attn, ffn, err := newBlock(a)
+	if err != nil {
+		return nil, err
+	}
 	w, err := bind(src, c)
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), ops: kernels.Best()}
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffn: ffn, ops: kernels.Best()}
 	if o.Reference {
 		m.ops = kernels.Generic()
 	}
@@ -143,47 +153,9 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 			return nil, fmt.Errorf("model: embedding: %v", err)
 		}
 	}
-	ap := m.AttnParams()
-	hd := c.HeadDim
 	for li := range m.W.Layers {
-		l := &m.W.Layers[li]
-		for i := 0; i < T; i++ {
-			m.ops.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
-		}
-		m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
-		for i := 0; i < T; i++ {
-			q, k, v := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd], s.v[i*kvd:(i+1)*kvd]
-			if l.QBias != nil {
-				addTo(q, l.QBias)
-				addTo(k, l.KBias)
-				addTo(v, l.VBias)
-			}
-			pos := int(b.Pos[i])
-			for h := 0; h < c.NHead; h++ {
-				qh := q[h*hd : (h+1)*hd]
-				if l.QNorm != nil {
-					m.ops.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
-				}
-				m.ops.RoPE(qh, pos, m.freqs, c.RopeNeox)
-			}
-			for h := 0; h < c.NKVHead; h++ {
-				kh := k[h*hd : (h+1)*hd]
-				if l.KNorm != nil {
-					m.ops.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
-				}
-				m.ops.RoPE(kh, pos, m.freqs, c.RopeNeox)
-			}
-		}
-		m.attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
-		m.ops.MatMul(m.pool, l.O, s.att, s.o, T)
-		addTo(s.x, s.o)
-		for i := 0; i < T; i++ {
-			m.ops.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.FFNNorm, c.RMSEps)
-		}
-		m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Gate, l.Up}, s.xn, [][]float32{s.gate, s.up}, T)
-		m.ops.SiLUMul(s.gate, s.gate, s.up)
-		m.ops.MatMul(m.pool, l.Down, s.gate, s.o, T)
-		addTo(s.x, s.o)
+		m.attn.forward(m, li, b, kv)
+		m.ffn.forward(m, li, b, kv)
 	}
 
 	rows := 0

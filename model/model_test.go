@@ -6,6 +6,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"pagoda/model"
@@ -218,7 +219,11 @@ func TestStories260KQ8(t *testing.T) {
 // --- llama.cpp golden outputs ---
 
 type golden struct {
-	Model      string      `json:"model"`
+	Model  string `json:"model"`
+	Arch   string `json:"arch"`
+	Config struct {
+		NExpert int `json:"n_expert"`
+	} `json:"config"`
 	PromptIDs  []int32     `json:"prompt_ids"`
 	NPrompt    int         `json:"n_prompt"`
 	Tokens     []int32     `json:"tokens"`
@@ -325,6 +330,18 @@ func TestGolden(t *testing.T) {
 		name := filepath.Base(p0)
 		name = name[:len(name)-len(".p0.json.gz")]
 		gs := []*golden{readGolden(t, p0), readGolden(t, filepath.Join(dir, name+".p1.json.gz"))}
+		if gs[0].Config.NExpert > 0 || gs[0].Arch == "deepseek2" {
+			// Mixture-of-experts and MLA come with the architectures
+			// issue; until then the loader must refuse them by name.
+			t.Run(name, func(t *testing.T) {
+				_, err := model.Open(filepath.Join(dir, gs[0].Model), model.Options{Threads: 1})
+				if err == nil || !strings.Contains(err.Error(), "not supported") {
+					t.Fatalf("open %s: %v, want a not-supported error", gs[0].Model, err)
+				}
+				t.Skipf("%s: %v", gs[0].Arch, err)
+			})
+			continue
+		}
 		for _, reference := range []bool{true, false} {
 			mode := "fast"
 			if reference {

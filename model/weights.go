@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 
+	"pagoda/arch"
 	"pagoda/kernels"
 	"pagoda/quant"
 )
@@ -45,7 +46,8 @@ type source interface {
 	tensor(name string) (*rawTensor, bool)
 }
 
-// Layer holds one transformer block's weights.
+// Layer holds one transformer block's weights. A part's fields are nil
+// when the architecture does not have them (Gate in a non-gated FFN).
 type Layer struct {
 	AttnNorm            []float32
 	Q, K, V, O          *kernels.Matrix
@@ -63,61 +65,106 @@ type Weights struct {
 	Output     *kernels.Matrix
 }
 
-// bind looks up every tensor the config calls for, checks its shape and
-// type, and wraps it without copying.
+// slot is the field one declared tensor binds to: a vector, a matrix, or a
+// stack of matrices (a 3-D tensor).
+type slot struct {
+	vec   *[]float32
+	mat   **kernels.Matrix
+	stack *[]*kernels.Matrix
+}
+
+// slot is the one table from tensor roles (package arch) to fields, shared
+// by every checkpoint format; l is nil for tensors outside the blocks.
+func (w *Weights) slot(l *Layer, r arch.Role) (slot, bool) {
+	if l == nil {
+		switch r {
+		case arch.TokenEmbd:
+			return slot{mat: &w.Embd}, true
+		case arch.OutputNorm:
+			return slot{vec: &w.OutputNorm}, true
+		case arch.Output:
+			return slot{mat: &w.Output}, true
+		}
+		return slot{}, false
+	}
+	switch r {
+	case arch.AttnNorm:
+		return slot{vec: &l.AttnNorm}, true
+	case arch.AttnQ:
+		return slot{mat: &l.Q}, true
+	case arch.AttnK:
+		return slot{mat: &l.K}, true
+	case arch.AttnV:
+		return slot{mat: &l.V}, true
+	case arch.AttnOut:
+		return slot{mat: &l.O}, true
+	case arch.AttnQBias:
+		return slot{vec: &l.QBias}, true
+	case arch.AttnKBias:
+		return slot{vec: &l.KBias}, true
+	case arch.AttnVBias:
+		return slot{vec: &l.VBias}, true
+	case arch.AttnQNorm:
+		return slot{vec: &l.QNorm}, true
+	case arch.AttnKNorm:
+		return slot{vec: &l.KNorm}, true
+	case arch.FFNNorm:
+		return slot{vec: &l.FFNNorm}, true
+	case arch.FFNGate:
+		return slot{mat: &l.Gate}, true
+	case arch.FFNUp:
+		return slot{mat: &l.Up}, true
+	case arch.FFNDown:
+		return slot{mat: &l.Down}, true
+	}
+	return slot{}, false
+}
+
+// bind looks up every tensor the architecture declares for this config,
+// checks its shape and type, and wraps it without copying.
 func bind(src source, c *Config) (*Weights, error) {
-	var err error
-	mat := func(name string, rows, cols int) *kernels.Matrix {
-		if err != nil {
-			return nil
-		}
-		var m *kernels.Matrix
-		m, err = bindMatrix(src, name, rows, cols)
-		return m
-	}
-	vec := func(name string, n int, optional bool) []float32 {
-		if err != nil {
-			return nil
-		}
-		var v []float32
-		v, err = bindVector(src, name, n, optional)
-		return v
-	}
-	d, q, kv := c.NEmbd, c.NHead*c.HeadDim, c.NKVHead*c.HeadDim
-	w := &Weights{Layers: make([]Layer, c.NLayer)}
-	w.Embd = mat("token_embd.weight", c.VocabSize, d)
-	for i := range w.Layers {
-		l := &w.Layers[i]
-		p := fmt.Sprintf("blk.%d.", i)
-		l.AttnNorm = vec(p+"attn_norm.weight", d, false)
-		l.Q = mat(p+"attn_q.weight", q, d)
-		l.K = mat(p+"attn_k.weight", kv, d)
-		l.V = mat(p+"attn_v.weight", kv, d)
-		l.O = mat(p+"attn_output.weight", d, q)
-		if c.QKVBias {
-			l.QBias = vec(p+"attn_q.bias", q, false)
-			l.KBias = vec(p+"attn_k.bias", kv, false)
-			l.VBias = vec(p+"attn_v.bias", kv, false)
-		}
-		if c.QKNorm {
-			l.QNorm = vec(p+"attn_q_norm.weight", c.HeadDim, false)
-			l.KNorm = vec(p+"attn_k_norm.weight", c.HeadDim, false)
-		}
-		l.FFNNorm = vec(p+"ffn_norm.weight", d, false)
-		l.Gate = mat(p+"ffn_gate.weight", c.FFN, d)
-		l.Up = mat(p+"ffn_up.weight", c.FFN, d)
-		l.Down = mat(p+"ffn_down.weight", d, c.FFN)
-	}
-	w.OutputNorm = vec("output_norm.weight", d, false)
-	if c.TiedOutput {
-		w.Output = w.Embd
-	} else {
-		w.Output = mat("output.weight", c.VocabSize, d)
-	}
+	a, err := lookupArch(c.Arch)
 	if err != nil {
 		return nil, err
 	}
+	d := c.dims()
+	w := &Weights{Layers: make([]Layer, c.NLayer)}
+	for _, t := range a.Tensors(d, c.NLayer) {
+		var l *Layer
+		if t.Layer >= 0 {
+			l = &w.Layers[t.Layer]
+		}
+		s, ok := w.slot(l, t.Role)
+		if !ok {
+			return nil, fmt.Errorf("tensor %s: no weight field for its role %d", label(src, t.Name), t.Role)
+		}
+		if err := bindSlot(src, t, d, s); err != nil {
+			return nil, err
+		}
+	}
+	if c.TiedOutput {
+		w.Output = w.Embd
+	}
 	return w, nil
+}
+
+func bindSlot(src source, t arch.Named, d arch.Dims, s slot) error {
+	if _, ok := src.tensor(t.Name); !ok && t.Optional {
+		return nil
+	}
+	shape := t.Shape(d)
+	var err error
+	switch {
+	case len(shape) == 1 && s.vec != nil:
+		*s.vec, err = bindVector(src, t.Name, shape[0])
+	case len(shape) == 2 && s.mat != nil:
+		*s.mat, err = bindMatrix(src, t.Name, shape[1], shape[0])
+	case len(shape) == 3 && s.stack != nil:
+		*s.stack, err = bindStack(src, t.Name, shape[2], shape[1], shape[0])
+	default:
+		err = fmt.Errorf("tensor %s: declared with %d dimensions, which its field does not hold", label(src, t.Name), len(shape))
+	}
+	return err
 }
 
 func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error) {
@@ -142,12 +189,43 @@ func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error
 	return m, nil
 }
 
-func bindVector(src source, name string, n int, optional bool) ([]float32, error) {
+// bindStack binds a 3-D tensor, ggml dims [cols, rows, n] (a stack of n
+// matrices such as MoE experts), as n matrix views into its bytes.
+func bindStack(src source, name string, n, rows, cols int) ([]*kernels.Matrix, error) {
 	t, ok := src.tensor(name)
 	if !ok {
-		if optional {
-			return nil, nil
+		return nil, fmt.Errorf("tensor %s missing", label(src, name))
+	}
+	if !t.Type.Supported() {
+		return nil, fmt.Errorf("tensor %s: type %s not supported", label(src, name), t.typeName())
+	}
+	if len(t.Dims) != 3 || t.Dims[0] != uint64(cols) || t.Dims[1] != uint64(rows) || t.Dims[2] != uint64(n) {
+		return nil, fmt.Errorf("tensor %s: shape %v, want [%d %d %d]", label(src, name), t.Dims, cols, rows, n)
+	}
+	rowBytes, err := quant.RowSize(t.Type, cols)
+	if err != nil {
+		return nil, fmt.Errorf("tensor %s: %v", label(src, name), err)
+	}
+	// Every slice starts on a row boundary, so each is a whole matrix of
+	// whole quantization blocks.
+	size := rowBytes * rows
+	if len(t.Data) < size*n {
+		return nil, fmt.Errorf("tensor %s: %d bytes, want %d", label(src, name), len(t.Data), size*n)
+	}
+	out := make([]*kernels.Matrix, n)
+	for i := range out {
+		m, err := kernels.NewMatrix(t.Type, rows, cols, t.Data[i*size:(i+1)*size:(i+1)*size])
+		if err != nil {
+			return nil, fmt.Errorf("tensor %s[%d]: %v", label(src, name), i, err)
 		}
+		out[i] = m
+	}
+	return out, nil
+}
+
+func bindVector(src source, name string, n int) ([]float32, error) {
+	t, ok := src.tensor(name)
+	if !ok {
 		return nil, fmt.Errorf("tensor %s missing", label(src, name))
 	}
 	if !t.Type.Supported() {
@@ -184,7 +262,11 @@ func bindVector(src source, name string, n int, optional bool) ([]float32, error
 func (w *Weights) Matrices() []*kernels.Matrix {
 	out := []*kernels.Matrix{w.Embd}
 	for _, l := range w.Layers {
-		out = append(out, l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down)
+		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
+			if m != nil {
+				out = append(out, m)
+			}
+		}
 	}
 	if w.Output != w.Embd {
 		out = append(out, w.Output)

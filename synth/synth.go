@@ -21,14 +21,16 @@ import (
 	"strings"
 	"sync"
 
+	"pagoda/arch"
 	"pagoda/gguf"
 	"pagoda/quant"
 )
 
 // Shape is a model architecture and its hyper-parameters.
 type Shape struct {
-	// Arch is "llama", "qwen2" (adds q/k/v biases) or "qwen3" (adds per-head
-	// q/k RMSNorm weights).
+	// Arch is a registered GGUF architecture (package arch): "llama",
+	// "qwen2" (adds q/k/v biases), "qwen3" (adds per-head q/k RMSNorm
+	// weights)…
 	Arch                                                      string
 	Layers, Dim, Heads, KVHeads, HeadDim, FFN, Vocab, Context int
 	RopeTheta                                                 float64
@@ -90,20 +92,15 @@ type Options struct {
 // Params counts the parameters of the shape (after defaults).
 func (s Shape) Params() int64 {
 	s = s.withDefaults()
-	d, hd := int64(s.Dim), int64(s.HeadDim)
-	q, kv := int64(s.Heads)*hd, int64(s.KVHeads)*hd
-	per := d*q + 2*d*kv + q*d + 3*d*int64(s.FFN) + 2*d
-	switch s.Arch {
-	case "qwen2":
-		per += q + 2*kv
-	case "qwen3":
-		per += 2 * hd
+	a := arch.Lookup(s.Arch)
+	if a == nil {
+		return 0
 	}
-	n := int64(s.Layers)*per + int64(s.Vocab)*d + d
-	if !s.Tied {
-		n += int64(s.Vocab) * d
-	}
-	return n
+	return a.Params(s.dims(), s.Layers)
+}
+
+func (s Shape) dims() arch.Dims {
+	return arch.Dims{Embd: s.Dim, Heads: s.Heads, KVHeads: s.KVHeads, HeadDim: s.HeadDim, FFN: s.FFN, Vocab: s.Vocab, Tied: s.Tied}
 }
 
 func (s Shape) withDefaults() Shape {
@@ -129,10 +126,8 @@ func (s Shape) withDefaults() Shape {
 }
 
 func (s Shape) validate() error {
-	switch s.Arch {
-	case "llama", "qwen2", "qwen3":
-	default:
-		return fmt.Errorf("architecture %q not supported (llama, qwen2, qwen3)", s.Arch)
+	if arch.Lookup(s.Arch) == nil {
+		return fmt.Errorf("architecture %q not supported (%s)", s.Arch, strings.Join(arch.Names(), ", "))
 	}
 	for _, f := range []struct {
 		name string
@@ -303,43 +298,29 @@ func newWriter(o Options) (*gguf.Writer, error) {
 	return w, nil
 }
 
+// tensors lists every tensor the architecture declares, in its order:
+// norms are ones, everything else noise.
 func tensors(s Shape, o Options) []tensor {
-	d, hd := uint64(s.Dim), uint64(s.HeadDim)
-	q, kv, ffn, v := uint64(s.Heads)*hd, uint64(s.KVHeads)*hd, uint64(s.FFN), uint64(s.Vocab)
-	mat := func(name string, t quant.Type, rowLen, rows uint64) tensor {
-		return tensor{name: name, typ: storageType(t, int(rowLen)), dims: []uint64{rowLen, rows}}
-	}
-	vec := func(name string, n uint64, f fillKind) tensor {
-		return tensor{name: name, typ: quant.F32, dims: []uint64{n}, fill: f}
-	}
-	embType := o.Type
-	if s.Tied {
-		embType = o.OutputType
-	}
-	out := []tensor{mat("token_embd.weight", embType, d, v)}
-	for l := 0; l < s.Layers; l++ {
-		p := fmt.Sprintf("blk.%d.", l)
-		out = append(out,
-			vec(p+"attn_norm.weight", d, fillOnes),
-			mat(p+"attn_q.weight", o.Type, d, q),
-			mat(p+"attn_k.weight", o.Type, d, kv),
-			mat(p+"attn_v.weight", o.Type, d, kv),
-			mat(p+"attn_output.weight", o.Type, q, d))
-		switch s.Arch {
-		case "qwen2":
-			out = append(out, vec(p+"attn_q.bias", q, fillRandom), vec(p+"attn_k.bias", kv, fillRandom), vec(p+"attn_v.bias", kv, fillRandom))
-		case "qwen3":
-			out = append(out, vec(p+"attn_q_norm.weight", hd, fillOnes), vec(p+"attn_k_norm.weight", hd, fillOnes))
+	d := s.dims()
+	var out []tensor
+	for _, t := range arch.Lookup(s.Arch).Tensors(d, s.Layers) {
+		shape := t.Shape(d)
+		dims := make([]uint64, len(shape))
+		for i, x := range shape {
+			dims[i] = uint64(x)
 		}
-		out = append(out,
-			vec(p+"ffn_norm.weight", d, fillOnes),
-			mat(p+"ffn_gate.weight", o.Type, d, ffn),
-			mat(p+"ffn_down.weight", o.Type, ffn, d),
-			mat(p+"ffn_up.weight", o.Type, d, ffn))
-	}
-	out = append(out, vec("output_norm.weight", d, fillOnes))
-	if !s.Tied {
-		out = append(out, mat("output.weight", o.OutputType, d, v))
+		st := tensor{name: t.Name, typ: quant.F32, dims: dims}
+		switch {
+		case t.Role.IsNorm():
+			st.fill = fillOnes
+		case len(dims) >= 2:
+			typ := o.Type
+			if t.Role == arch.Output || (t.Role == arch.TokenEmbd && s.Tied) {
+				typ = o.OutputType
+			}
+			st.typ = storageType(typ, shape[0])
+		}
+		out = append(out, st)
 	}
 	return out
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	"pagoda/arch"
 	"pagoda/quant"
 	"pagoda/synth"
 )
@@ -23,7 +24,7 @@ func runSynth(args []string) error {
 	std := fs.Float64("std", 0.02, "standard deviation of the weights")
 	vocab := fs.String("vocab-from", "", "copy the vocabulary of this GGUF or llama2.c tokenizer.bin")
 	out := fs.String("o", "", "output file (required)")
-	arch := fs.String("arch", "", "override: architecture (llama, qwen2, qwen3)")
+	archName := fs.String("arch", "", "override: architecture ("+strings.Join(arch.Names(), ", ")+")")
 	layers := fs.Int("layers", 0, "override: layers")
 	dim := fs.Int("dim", 0, "override: embedding size")
 	heads := fs.Int("heads", 0, "override: attention heads")
@@ -54,8 +55,8 @@ func runSynth(args []string) error {
 			*o.dst = o.v
 		}
 	}
-	if *arch != "" {
-		shape.Arch = *arch
+	if *archName != "" {
+		shape.Arch = *archName
 	}
 	o := synth.Options{Shape: shape, Seed: *seed, Std: float32(*std), VocabFrom: *vocab}
 	if o.Type, err = quant.ParseType(*typ); err != nil {

@@ -1,0 +1,45 @@
+package model
+
+import "pagoda/kernels"
+
+// selfAttention runs arch.Attention: norm, fused q/k/v projection, biases,
+// per-head q/k norm and rope, attention through the KV cache, output
+// projection and residual.
+type selfAttention struct{}
+
+func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
+	c, s, l := &m.Config, &m.buf, &m.W.Layers[li]
+	T := len(b.Tokens)
+	d, qd, kvd, hd := c.NEmbd, c.NHead*c.HeadDim, c.NKVHead*c.HeadDim, c.HeadDim
+	ap := m.AttnParams()
+	for i := 0; i < T; i++ {
+		m.ops.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
+	}
+	m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
+	for i := 0; i < T; i++ {
+		q, k, v := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd], s.v[i*kvd:(i+1)*kvd]
+		if l.QBias != nil {
+			addTo(q, l.QBias)
+			addTo(k, l.KBias)
+			addTo(v, l.VBias)
+		}
+		pos := int(b.Pos[i])
+		for h := 0; h < c.NHead; h++ {
+			qh := q[h*hd : (h+1)*hd]
+			if l.QNorm != nil {
+				m.ops.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
+			}
+			m.ops.RoPE(qh, pos, m.freqs, c.RopeNeox)
+		}
+		for h := 0; h < c.NKVHead; h++ {
+			kh := k[h*hd : (h+1)*hd]
+			if l.KNorm != nil {
+				m.ops.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
+			}
+			m.ops.RoPE(kh, pos, m.freqs, c.RopeNeox)
+		}
+	}
+	m.attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
+	m.ops.MatMul(m.pool, l.O, s.att, s.o, T)
+	addTo(s.x, s.o)
+}
