@@ -239,7 +239,7 @@ func TestSchedulerScenarios(t *testing.T) {
 			reqs: []schedReq{{plen: 7, out: 6}, {plen: 7, out: 6}},
 			steps: []string{
 				"0:0+7* 1:0+7*", "0:7+1* 1:7+1*",
-				"0:8+1* P1", // s0 needs a third block: the newest, s1, goes
+				"0:8+1* P1",                    // s0 needs a third block: the newest, s1, goes
 				"0:9+1*", "0:10+1*", "0:11+1*", // s1's 9 tokens need 3 blocks, 1 is free
 				"1:0+9*", "1:9+1*", "1:10+1*", "1:11+1*",
 			},
