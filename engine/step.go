@@ -61,8 +61,10 @@ func (e *Engine) buildBatch(p *plan) {
 }
 
 // sampleStep turns each planned sequence's logits rows into its outcome,
-// streaming the tokens. Without a proposer no sequence carries drafts, so
-// each has one row and accepts nothing; a verifier goes here.
+// streaming the tokens. There is no proposer yet, so no sequence carries
+// drafts; one that did would accept none and sample its first row (the one
+// after its last kept token): right, if wasteful, until a verifier using
+// sample's SampleProbs goes here.
 func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 	res := make([]outcome, len(p.seqs))
 	now := time.Now()
