@@ -122,18 +122,54 @@ func (h *schedHarness) step(t *testing.T) *plan {
 	return p
 }
 
-func TestSchedulerScenarios(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		cfg    Config
-		blocks int
-		prefix bool
-		reqs   []schedReq
-		steps  []string
-		// after, when set, runs after each step, and with step ==
-		// len(steps) once all is done.
-		after func(t *testing.T, h *schedHarness, step int)
-	}{
+// schedCase is a scheduler scenario: requests arrive before given steps,
+// each step's plan is written as describe writes it.
+type schedCase struct {
+	name   string
+	cfg    Config
+	blocks int
+	prefix bool
+	reqs   []schedReq
+	steps  []string
+	// after, when set, runs after each step, and with step ==
+	// len(steps) once all is done.
+	after func(t *testing.T, h *schedHarness, step int)
+}
+
+func runSchedCases(t *testing.T, cases []schedCase) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			h := newSchedHarness(t, tc.cfg, tc.blocks, tc.prefix)
+			for i, want := range tc.steps {
+				for k, q := range tc.reqs {
+					if q.at == i {
+						h.submit(q.prompt(k), q.n, q.out)
+					}
+				}
+				if got := describe(h.step(t)); got != want {
+					t.Fatalf("step %d planned %q, want %q", i, got, want)
+				}
+				if tc.after != nil {
+					tc.after(t, h, i)
+				}
+			}
+			if !h.sc.idle() {
+				t.Fatalf("work left after the last step: %d running, %d waiting", len(h.sc.running), len(h.sc.waiting))
+			}
+			if u := h.kv.Usage(); u.Used != 0 || u.Seqs != 0 {
+				t.Fatalf("blocks leaked: %+v", u)
+			}
+			if tc.after != nil {
+				tc.after(t, h, len(tc.steps))
+			}
+		})
+	}
+}
+
+// TestSchedulerBudget: chunked prefill, the token budget's edges, decodes
+// before prefills, the long-prefill cap.
+func TestSchedulerBudget(t *testing.T) {
+	runSchedCases(t, []schedCase{
 		{
 			name: "chunked prefill over several steps",
 			cfg:  Config{MaxNumBatchedTokens: 4}, blocks: 16,
@@ -164,6 +200,13 @@ func TestSchedulerScenarios(t *testing.T) {
 			reqs:  []schedReq{{plen: 5, out: 1}, {plen: 5, out: 1}},
 			steps: []string{"0:0+3 1:0+3", "0:3+2* 1:3+2*"},
 		},
+	})
+}
+
+// TestSchedulerAdmission: the sequence cap, static batching, n>1 forks,
+// prefix hits, preemption by recompute and resumption.
+func TestSchedulerAdmission(t *testing.T) {
+	runSchedCases(t, []schedCase{
 		{
 			name: "max seqs",
 			cfg:  Config{MaxNumBatchedTokens: 16, MaxNumSeqs: 1}, blocks: 16,
@@ -254,33 +297,7 @@ func TestSchedulerScenarios(t *testing.T) {
 				}
 			},
 		},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			h := newSchedHarness(t, tc.cfg, tc.blocks, tc.prefix)
-			for i, want := range tc.steps {
-				for k, q := range tc.reqs {
-					if q.at == i {
-						h.submit(q.prompt(k), q.n, q.out)
-					}
-				}
-				if got := describe(h.step(t)); got != want {
-					t.Fatalf("step %d planned %q, want %q", i, got, want)
-				}
-				if tc.after != nil {
-					tc.after(t, h, i)
-				}
-			}
-			if !h.sc.idle() {
-				t.Fatalf("work left after the last step: %d running, %d waiting", len(h.sc.running), len(h.sc.waiting))
-			}
-			if u := h.kv.Usage(); u.Used != 0 || u.Seqs != 0 {
-				t.Fatalf("blocks leaked: %+v", u)
-			}
-			if tc.after != nil {
-				tc.after(t, h, len(tc.steps))
-			}
-		})
-	}
+	})
 }
 
 // TestSchedulerDrafts verifies drafts through Schedule and Update: a
