@@ -12,7 +12,6 @@ import (
 
 	"pagoda/kvcache"
 	"pagoda/model"
-	"pagoda/sample"
 	"pagoda/tokenizer"
 )
 
@@ -121,43 +120,41 @@ type Engine struct {
 	stats                atomic.Pointer[Stats]
 
 	// Owned by the loop goroutine.
-	waiting, running []*sequence
-	nextSeq          int32
-	st               Stats
-	batch            model.Batch
-	scratch          []float32
+	sch     *scheduler
+	st      Stats
+	batch   model.Batch
+	scratch []float32
 }
 
 type request struct {
 	r         Request
 	maxTokens int
 	extra     uint64 // prefix-cache key: the engine's salt with the request's
-	samplers  []tokenSampler
+	comps     []completion
 	stopAfter func() bool
 	out       *outbox
 
-	seqs       []*sequence
-	forked     bool
-	admitted   bool
+	// Kept by the scheduler.
+	seqs     []*sequence // by completion index, as they are forked
+	forked   bool
+	admitted bool
+	cached   int
+
 	ended      bool
 	done       int
-	cached     int
 	completion int
 	arrival    time.Time
 	firstTok   time.Time
 }
 
-type sequence struct {
-	req         *request
-	index       int
-	id          int32
-	tokens      []int32 // prompt then output
-	numComputed int     // chases len(tokens)
-	nOut        int
-	sampler     tokenSampler
-	text        *textOut
-	lastTok     time.Time
-	finished    bool
+// completion is the streaming side of one of a request's N completions;
+// it exists before the scheduler forks its sequence, so the fork's first
+// token can be sampled and streamed in the step that forks it.
+type completion struct {
+	sampler tokenSampler
+	text    *textOut // made at the first token
+	nOut    int
+	lastTok time.Time
 }
 
 // New builds an engine and its KV cache; call Start to run it.
@@ -205,7 +202,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		return nil, err
 	}
 	e := &Engine{
-		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m,
+		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, kv),
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}), forceCh: make(chan struct{}), done: make(chan struct{}),
 	}
@@ -325,7 +322,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
-	if peak := e.kv.MaxSeqBlocks(e.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
+	if peak := e.kv.MaxSeqBlocks(e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
 		// The window bounds what a sequence ever holds at once (the
 		// largest chunk included), so only the context limits it.
 		kvTokens = c.ContextLen
@@ -354,7 +351,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 		}
-		q.samplers = append(q.samplers, s)
+		q.comps = append(q.comps, completion{sampler: s})
 	}
 	return q, nil
 }
@@ -370,7 +367,7 @@ func (e *Engine) loop() {
 			return
 		default:
 		}
-		if len(e.running) == 0 && len(e.waiting) == 0 {
+		if e.sch.idle() {
 			e.publish()
 			e.mu.Lock()
 			quit := e.stopping && len(e.inNew) == 0 && len(e.inCancel) == 0
@@ -403,357 +400,16 @@ func (e *Engine) takeInbox() {
 	e.inNew, e.inCancel = nil, nil
 	e.mu.Unlock()
 	for _, r := range news {
-		s := e.newSequence(r, 0, r.r.Prompt, 0)
-		r.seqs = []*sequence{s}
-		e.waiting = append(e.waiting, s)
+		e.sch.add(r)
 	}
 	for _, r := range cancels {
 		e.endRequest(r, FinishCancelled, nil)
 	}
 }
 
-func (e *Engine) newSequence(r *request, index int, tokens []int32, computed int) *sequence {
-	s := &sequence{
-		req: r, index: index, id: e.nextSeq,
-		tokens:      append(make([]int32, 0, len(tokens)+16), tokens...),
-		numComputed: computed,
-		sampler:     r.samplers[index],
-		text:        newTextOut(e.tok, r.r.Prompt, r.r.StopStrings),
-	}
-	e.nextSeq++
-	return s
-}
-
-// scheduled is one sequence's share of a step: tokens
-// [numComputed, numComputed+n).
-type scheduled struct {
-	s *sequence
-	n int
-}
-
-// schedule picks this step's work within the token budget and the
-// sequence cap, allocating KV blocks. Decodes go first so a long prefill
-// (chunked to what the budget leaves) never stalls them; then running
-// prefills; then waiting requests in arrival order, unless a preemption
-// happened this step. When blocks run out, the newest running sequence is
-// preempted by recompute: its blocks are freed and it goes back to the
-// front of the waiting queue.
-func (e *Engine) schedule() []scheduled {
-	budget := e.cfg.MaxNumBatchedTokens
-	var out []scheduled
-	picked := map[*sequence]bool{}
-	preempted := false
-	runningAtStart := len(e.running)
-
-	order := make([]*sequence, 0, len(e.running))
-	for _, s := range e.running {
-		if len(s.tokens)-s.numComputed == 1 {
-			order = append(order, s)
-		}
-	}
-	for _, s := range e.running {
-		if len(s.tokens)-s.numComputed > 1 {
-			order = append(order, s)
-		}
-	}
-	for _, s := range order {
-		if budget == 0 {
-			break
-		}
-		if s.finished || !e.isRunning(s) {
-			continue // preempted as a victim earlier in this loop
-		}
-		n := e.chunk(len(s.tokens)-s.numComputed, budget)
-		if n <= 0 {
-			continue // nothing to compute; cannot happen while the invariant holds
-		}
-		for !e.kv.CanAllocate(s.id, nil, s.numComputed, s.numComputed+n) {
-			v := e.victim(picked)
-			e.preempt(v)
-			preempted = true
-			if v == s {
-				break
-			}
-		}
-		if !e.isRunning(s) {
-			continue
-		}
-		e.kv.Allocate(s.id, nil, s.numComputed, s.numComputed+n)
-		out = append(out, scheduled{s, n})
-		picked[s] = true
-		budget -= n
-	}
-	if preempted || (e.cfg.Static && runningAtStart > 0) {
-		return out
-	}
-	for len(e.waiting) > 0 && budget > 0 {
-		s := e.waiting[0]
-		seats := 1
-		if !s.req.forked {
-			seats = s.req.r.N
-		}
-		if len(e.running)+seats > e.cfg.MaxNumSeqs {
-			break
-		}
-		var hit []int32
-		if s.numComputed == 0 {
-			hit = e.kv.Lookup(s.tokens, s.req.extra)
-		}
-		from := len(hit) * e.kv.BlockSize()
-		n := e.chunk(len(s.tokens)-from, budget)
-		if !e.kv.Allocate(s.id, hit, from, from+n) {
-			break
-		}
-		s.numComputed = from
-		if !s.req.admitted {
-			s.req.admitted = true
-			s.req.cached = from
-			e.queued.Add(-1)
-			e.kv.RecordPrefixQuery(len(s.tokens), from)
-			e.m.prefixQueries.Add(float64(len(s.tokens)))
-			e.m.prefixHits.Add(float64(from))
-		}
-		e.waiting = e.waiting[1:]
-		e.running = append(e.running, s)
-		out = append(out, scheduled{s, n})
-		picked[s] = true
-		budget -= n
-	}
-	return out
-}
-
-// maxChunk is the most tokens one sequence computes in a step.
-func (e *Engine) maxChunk() int {
-	n := e.cfg.MaxNumBatchedTokens
-	if t := e.cfg.LongPrefillThreshold; t > 0 && t < n {
-		n = t
-	}
-	return n
-}
-
-// chunk is how many of a sequence's remaining tokens fit this step.
-func (e *Engine) chunk(remaining, budget int) int {
-	n := min(remaining, budget)
-	if t := e.cfg.LongPrefillThreshold; t > 0 && n > t {
-		n = t
-	}
-	return n
-}
-
-func (e *Engine) isRunning(s *sequence) bool {
-	for _, r := range e.running {
-		if r == s {
-			return true
-		}
-	}
-	return false
-}
-
-// victim is the newest running sequence not yet given work this step.
-func (e *Engine) victim(picked map[*sequence]bool) *sequence {
-	for i := len(e.running) - 1; i >= 0; i-- {
-		if !picked[e.running[i]] {
-			return e.running[i]
-		}
-	}
-	panic("engine: no sequence to preempt")
-}
-
-func (e *Engine) preempt(s *sequence) {
-	e.kv.Free(s.id)
-	s.numComputed = 0
-	e.removeRunning(s)
-	e.waiting = append([]*sequence{s}, e.waiting...)
-	e.st.Preemptions++
-	e.m.preemptions.Inc()
-}
-
-func (e *Engine) removeRunning(s *sequence) {
-	for i, r := range e.running {
-		if r == s {
-			e.running = append(e.running[:i], e.running[i+1:]...)
-			return
-		}
-	}
-}
-
-func (e *Engine) removeWaiting(s *sequence) {
-	for i, r := range e.waiting {
-		if r == s {
-			e.waiting = append(e.waiting[:i], e.waiting[i+1:]...)
-			return
-		}
-	}
-}
-
-// step runs one scheduled batch through the model; false when there was
-// nothing to run.
-func (e *Engine) step() bool {
-	work := e.schedule()
-	if len(work) == 0 {
-		return false
-	}
-	b := &e.batch
-	b.Tokens, b.Pos, b.Seq, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Logits[:0]
-	rows := 0
-	for _, w := range work {
-		s := w.s
-		for i := 0; i < w.n; i++ {
-			p := s.numComputed + i
-			b.Tokens = append(b.Tokens, s.tokens[p])
-			b.Pos = append(b.Pos, int32(p))
-			b.Seq = append(b.Seq, s.id)
-			last := i == w.n-1 && p+1 == len(s.tokens)
-			b.Logits = append(b.Logits, last)
-			if last {
-				rows++
-			}
-		}
-	}
-	e.st.Steps++
-	e.st.BatchedTokens += uint64(len(b.Tokens))
-	logits, err := e.fw.Forward(b, e.kv)
-	if err == nil && len(logits) != rows*e.cfg.VocabSize {
-		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), rows, e.cfg.VocabSize)
-	}
-	if err != nil {
-		for _, w := range work {
-			if !w.s.req.ended {
-				e.endRequest(w.s.req, FinishError, fmt.Errorf("engine: forward pass: %w", err))
-			}
-		}
-		return true
-	}
-	now := time.Now()
-	row := 0
-	V := e.cfg.VocabSize
-	for _, w := range work {
-		s := w.s
-		s.numComputed += w.n
-		e.kv.Commit(s.id, s.tokens, s.numComputed, s.req.extra)
-		if s.numComputed < len(s.tokens) {
-			continue
-		}
-		lg := logits[row*V : (row+1)*V]
-		row++
-		e.onLogits(s, lg, now)
-	}
-	e.compactRunning()
-	return true
-}
-
-func (e *Engine) compactRunning() {
-	k := 0
-	for _, s := range e.running {
-		if !s.finished {
-			e.running[k] = s
-			k++
-		}
-	}
-	clear(e.running[k:])
-	e.running = e.running[:k]
-}
-
-// onLogits samples the next token of s; the first sample of a request with
-// N > 1 forks the other completions off the prompt's blocks.
-func (e *Engine) onLogits(s *sequence, lg []float32, now time.Time) {
-	r := s.req
-	if r.r.N > 1 && !r.forked {
-		r.forked = true
-		for i := 1; i < r.r.N; i++ {
-			c := e.newSequence(r, i, s.tokens, s.numComputed)
-			if err := e.kv.Fork(s.id, c.id); err != nil {
-				panic(err) // s is running, so it has blocks
-			}
-			r.seqs = append(r.seqs, c)
-			e.running = append(e.running, c)
-		}
-		base := append([]float32(nil), lg...)
-		for _, c := range r.seqs {
-			if c.finished {
-				continue
-			}
-			buf := append(make([]float32, 0, len(base)), base...)
-			e.sampleOne(c, buf, now)
-		}
-		return
-	}
-	e.sampleOne(s, lg, now)
-}
-
-func (e *Engine) sampleOne(s *sequence, lg []float32, now time.Time) {
-	r := s.req
-	// Logprobs are of the raw model distribution (as vLLM reports them),
-	// taken before Sample edits the logits in place.
-	var lp float32
-	var top []TokenLogprob
-	want := r.r.Logprobs || r.r.TopLogprobs > 0
-	if want {
-		e.scratch = append(e.scratch[:0], lg...)
-		top = topLogprobs(e.scratch, r.r.TopLogprobs)
-	}
-	tok := s.sampler.Sample(lg, s.tokens)
-	if want {
-		lp = sample.Logprob(e.scratch, tok)
-	}
-	s.tokens = append(s.tokens, tok)
-	s.nOut++
-	r.completion++
-	e.st.GenerationTokens++
-	e.m.genTokens.Inc()
-	if r.firstTok.IsZero() {
-		r.firstTok = now
-		e.m.ttft.Observe(now.Sub(r.arrival).Seconds())
-		e.st.PromptTokens += uint64(len(r.r.Prompt))
-		e.m.promptTokens.Add(float64(len(r.r.Prompt)))
-	} else if !s.lastTok.IsZero() {
-		e.m.itl.Observe(now.Sub(s.lastTok).Seconds())
-	}
-	s.lastTok = now
-
-	ev := Event{Index: s.index, Tokens: []int32{tok}}
-	if want {
-		ev.Logprob = []float32{lp}
-		if r.r.TopLogprobs > 0 {
-			ev.Top = [][]TokenLogprob{top}
-		}
-	}
-	finish := FinishNone
-	if !r.r.IgnoreEOS && e.vocab.IsEOG(tok) {
-		finish = FinishStop
-	}
-	for _, st := range r.r.StopTokens {
-		if tok == st {
-			finish = FinishStop
-		}
-	}
-	if finish == FinishNone {
-		text, stopped := s.text.add(tok)
-		ev.Text = text
-		switch {
-		case stopped:
-			finish = FinishStop
-		case s.nOut >= r.maxTokens || len(s.tokens) >= e.cfg.ContextLen:
-			finish = FinishLength
-			ev.Text += s.text.flush()
-		}
-	} else {
-		ev.Text = s.text.flush()
-	}
-	if finish == FinishNone {
-		r.out.push(ev, false)
-		return
-	}
-	ev.Finish = finish
-	e.finishSeq(s, ev)
-}
-
-// finishSeq ends one completion with its final event ev, freeing its
-// blocks; the last completion of the request ends the request.
-func (e *Engine) finishSeq(s *sequence, ev Event) {
-	r := s.req
-	s.finished = true
-	e.kv.Free(s.id)
+// finishCompletion streams the final event ev of one completion (the
+// scheduler frees its blocks); the last completion ends the request.
+func (e *Engine) finishCompletion(r *request, ev Event) {
 	r.done++
 	if r.done < r.r.N {
 		r.out.push(ev, false)
@@ -792,10 +448,7 @@ func (e *Engine) endRequest(r *request, reason FinishReason, err error) {
 			if s.finished {
 				continue
 			}
-			s.finished = true
-			e.kv.Free(s.id)
-			e.removeRunning(s)
-			e.removeWaiting(s)
+			e.sch.abort(s)
 		}
 		evs = append(evs, Event{Index: i, Finish: reason, Err: err})
 	}
@@ -810,11 +463,11 @@ func (e *Engine) endRequest(r *request, reason FinishReason, err error) {
 }
 
 func (e *Engine) cancelAll() {
-	for len(e.running) > 0 {
-		e.endRequest(e.running[0].req, FinishCancelled, nil)
+	for len(e.sch.running) > 0 {
+		e.endRequest(e.sch.running[0].req, FinishCancelled, nil)
 	}
-	for len(e.waiting) > 0 {
-		e.endRequest(e.waiting[0].req, FinishCancelled, nil)
+	for len(e.sch.waiting) > 0 {
+		e.endRequest(e.sch.waiting[0].req, FinishCancelled, nil)
 	}
 	e.mu.Lock()
 	news := e.inNew
@@ -828,12 +481,12 @@ func (e *Engine) cancelAll() {
 func (e *Engine) publish() {
 	st := e.st
 	reqs := map[*request]bool{}
-	for _, s := range e.running {
+	for _, s := range e.sch.running {
 		reqs[s.req] = true
 	}
-	st.Running, st.RunningSeqs = len(reqs), len(e.running)
+	st.Running, st.RunningSeqs = len(reqs), len(e.sch.running)
 	st.Waiting = int(e.queued.Load())
-	for _, s := range e.waiting {
+	for _, s := range e.sch.waiting {
 		if s.req.admitted && !reqs[s.req] { // preempted: waits again
 			reqs[s.req] = true
 			st.Waiting++

@@ -63,6 +63,7 @@ type Sampler struct {
 	border  []cand
 	exps    []float64
 	ids     []int32
+	probs   []float32
 }
 
 type cand struct {
@@ -98,6 +99,26 @@ func (s *Sampler) Reseed(seed uint64) { s.rng.seed(seed) }
 // temperature (0 = exact argmax), top-k, top-p, min-p, then a draw from the
 // renormalised survivors.
 func (s *Sampler) Sample(logits []float32, history []int32) int32 {
+	return s.sample(logits, history, false)
+}
+
+// SampleProbs is Sample that also returns the distribution the token was
+// drawn from: probs[i] is token i's probability after bias, penalties,
+// temperature and the top-k/top-p/min-p cut, zero outside the kept set,
+// one-hot when the choice is deterministic (temperature 0). Exact
+// rejection sampling of draft tokens needs this row. It draws the same
+// token as Sample would; probs is the sampler's buffer, valid until its
+// next call.
+func (s *Sampler) SampleProbs(logits []float32, history []int32) (id int32, probs []float32) {
+	if len(logits) == 0 {
+		return 0, nil
+	}
+	id = s.sample(logits, history, true)
+	return id, s.probs
+}
+
+// sample is Sample; with want it also fills s.probs.
+func (s *Sampler) sample(logits []float32, history []int32, want bool) int32 {
 	if len(logits) == 0 {
 		return 0
 	}
@@ -105,7 +126,7 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 	s.applyPenalties(logits, history)
 	p := s.p
 	if p.Temperature == 0 {
-		return Greedy(logits)
+		return s.oneHot(Greedy(logits), len(logits), want)
 	}
 	if p.Temperature != 1 {
 		inv := 1 / p.Temperature
@@ -116,11 +137,73 @@ func (s *Sampler) Sample(logits []float32, history []int32) int32 {
 	cands, full := s.filter(logits)
 	switch {
 	case full:
-		return s.sampleAll(logits)
+		id := s.sampleAll(logits)
+		if want {
+			s.softmaxProbs(logits, id)
+		}
+		return id
 	case len(cands) == 0:
-		return Greedy(logits) // nothing finite survived
+		return s.oneHot(Greedy(logits), len(logits), want) // nothing finite survived
 	}
-	return s.draw(cands)
+	id := s.draw(cands)
+	if want {
+		s.candProbs(cands, len(logits))
+	}
+	return id
+}
+
+func (s *Sampler) probBuf(n int) []float32 {
+	if cap(s.probs) < n {
+		s.probs = make([]float32, n)
+	}
+	s.probs = s.probs[:n]
+	clear(s.probs)
+	return s.probs
+}
+
+// oneHot returns id, first making s.probs one-hot on it when want.
+func (s *Sampler) oneHot(id int32, n int, want bool) int32 {
+	if want {
+		s.probBuf(n)[id] = 1
+	}
+	return id
+}
+
+// softmaxProbs fills s.probs with the softmax sampleAll drew id from.
+func (s *Sampler) softmaxProbs(logits []float32, id int32) {
+	m, ok := maxLogit(logits)
+	if !ok {
+		s.oneHot(id, len(logits), true) // sampleAll fell back to Greedy
+		return
+	}
+	exps := s.expBuf(len(logits))
+	total := expNegShift(exps, logits, m)
+	probs := s.probBuf(len(logits))
+	for i, e := range exps {
+		probs[i] = float32(e / total)
+	}
+}
+
+// candProbs fills s.probs with the distribution draw uses over cands.
+func (s *Sampler) candProbs(cands []cand, n int) {
+	probs := s.probBuf(n)
+	if len(cands) == 1 {
+		probs[cands[0].id] = 1
+		return
+	}
+	m := cands[0].logit
+	for _, c := range cands[1:] {
+		if c.logit > m {
+			m = c.logit
+		}
+	}
+	var total float64
+	for _, c := range cands {
+		total += expNeg(float64(c.logit) - float64(m))
+	}
+	for _, c := range cands {
+		probs[c.id] = float32(expNeg(float64(c.logit)-float64(m)) / total)
+	}
 }
 
 // filter applies top-k, top-p and min-p to temperature-scaled logits. It
