@@ -273,34 +273,8 @@ func ParseHF(tokenizerJSON, configJSON []byte) (*BPE, error) {
 	}
 	t.added = newBPEAdded(added)
 
-	t.merges = make(map[uint64]bpeMerge, len(m.Merges))
-	for rank, raw := range m.Merges {
-		var a, b string
-		var s string
-		var pair []string
-		if x, y, ok := hfFastPair(raw); ok {
-			a, b = x, y
-		} else if err := json.Unmarshal(raw, &s); err == nil {
-			k := strings.IndexByte(s[min(1, len(s)):], ' ')
-			if k < 0 {
-				return nil, fmt.Errorf("tokenizer.json: merge %d %q has no space", rank, s)
-			}
-			k += min(1, len(s))
-			a, b = s[:k], s[k+1:]
-		} else if err := json.Unmarshal(raw, &pair); err == nil && len(pair) == 2 {
-			a, b = pair[0], pair[1]
-		} else {
-			return nil, fmt.Errorf("tokenizer.json: merge %d: %s is neither \"a b\" nor [a, b]", rank, raw)
-		}
-		if byteLevel {
-			ra, ok1 := byteLevelDecode(a)
-			rb, ok2 := byteLevelDecode(b)
-			if !ok1 || !ok2 {
-				continue
-			}
-			a, b = ra, rb
-		}
-		t.addMerge(a, b, int32(rank))
+	if err := t.parseMerges(m.Merges, byteLevel); err != nil {
+		return nil, err
 	}
 	t.split = pre.split
 	v.Pre = pre.family
@@ -315,6 +289,41 @@ func ParseHF(tokenizerJSON, configJSON []byte) (*BPE, error) {
 	}
 	t.finish()
 	return t, nil
+}
+
+// parseMerges reads the merge list, in either of the two spellings
+// tokenizers writes ("a b" or ["a", "b"]); the list index is the rank.
+func (t *BPE) parseMerges(merges []json.RawMessage, byteLevel bool) error {
+	t.merges = make(map[uint64]bpeMerge, len(merges))
+	for rank, raw := range merges {
+		var a, b string
+		var s string
+		var pair []string
+		if x, y, ok := hfFastPair(raw); ok {
+			a, b = x, y
+		} else if err := json.Unmarshal(raw, &s); err == nil {
+			k := strings.IndexByte(s[min(1, len(s)):], ' ')
+			if k < 0 {
+				return fmt.Errorf("tokenizer.json: merge %d %q has no space", rank, s)
+			}
+			k += min(1, len(s))
+			a, b = s[:k], s[k+1:]
+		} else if err := json.Unmarshal(raw, &pair); err == nil && len(pair) == 2 {
+			a, b = pair[0], pair[1]
+		} else {
+			return fmt.Errorf("tokenizer.json: merge %d: %s is neither \"a b\" nor [a, b]", rank, raw)
+		}
+		if byteLevel {
+			ra, ok1 := byteLevelDecode(a)
+			rb, ok2 := byteLevelDecode(b)
+			if !ok1 || !ok2 {
+				continue
+			}
+			a, b = ra, rb
+		}
+		t.addMerge(a, b, int32(rank))
+	}
+	return nil
 }
 
 // hfNormalizer compiles a normalizer into one string function.
