@@ -306,80 +306,13 @@ func (p *planner) impl(t quant.Type, name string, dims []uint64, cat category) (
 	case cat == catTokenEmbd:
 		// Only the IQ1/IQ2/IQ3/TQ file types change token_embd.
 	case cat.isAttnV():
-		switch {
-		case ft == ftQ2_K:
-			t = quant.Q3_K
-			if hp.gqa() >= 4 {
-				t = quant.Q4_K
-			}
-		case ft == ftQ3_K_M:
-			t = quant.Q4_K
-			if p.iAttnV < 2 {
-				t = quant.Q5_K
-			}
-		case ft == ftQ3_K_L:
-			t = quant.Q5_K
-		case (ft == ftIQ4_NL || ft == ftIQ4_XS) && hp.gqa() >= 4:
-			t = quant.Q5_K
-		case (ft == ftQ4_K_M || ft == ftQ5_K_M) && useMoreBits(p.iAttnV, p.nAttnV):
-			t = quant.Q6_K
-		case ft == ftQ4_K_S && p.iAttnV < 4:
-			t = quant.Q5_K
-		}
-		if hp.is70B() && (t == quant.Q3_K || t == quant.Q4_K) {
-			t = quant.Q5_K
-		}
-		if hp.nExpert == 8 {
-			t = quant.Q8_0
-		}
-		p.iAttnV++
+		t = p.attnVType(t)
 	case cat == catAttnK:
 		if hp.nExpert == 8 {
 			t = quant.Q8_0
 		}
 	case cat == catFFNDown:
-		i, n, err := p.layerInfo(p.iFFNDown, p.nFFNDown, name)
-		if err != nil {
-			return 0, err
-		}
-		switch {
-		case ft == ftQ2_K:
-			t = quant.Q3_K
-		case ft == ftQ3_K_M:
-			switch {
-			case i < n/16:
-				t = quant.Q5_K
-			case !falcon || useMoreBits(i, n):
-				t = quant.Q4_K
-			default:
-				t = quant.Q3_K
-			}
-		case ft == ftQ3_K_L:
-			t = quant.Q5_K
-			if falcon {
-				t = quant.Q4_K
-			}
-		case ft == ftQ4_K_M:
-			if falcon {
-				switch {
-				case i < n/16:
-					t = quant.Q6_K
-				case useMoreBits(i, n):
-					t = quant.Q5_K
-				default:
-					t = quant.Q4_K
-				}
-			} else if useMoreBits(i, n) {
-				t = quant.Q6_K
-			}
-		case i < n/8 && (ft == ftIQ4_NL || ft == ftIQ4_XS):
-			t = quant.Q5_K
-		case ft == ftQ5_K_M && useMoreBits(i, n):
-			t = quant.Q6_K
-		case ft == ftQ4_K_S && !falcon && i < n/8:
-			t = quant.Q5_K
-		}
-		p.iFFNDown++
+		return p.ffnDownType(t, name)
 	case cat == catAttnOutput:
 		if !falcon {
 			if hp.nExpert == 8 {
@@ -420,5 +353,89 @@ func (p *planner) impl(t quant.Type, name string, dims []uint64, cat category) (
 		}
 		p.iFFNUp++
 	}
+	return t, nil
+}
+
+// attnVType is impl's attn_v arm: the value projection gets more bits in
+// the mixes that can afford them, since its errors reach every head.
+func (p *planner) attnVType(t quant.Type) quant.Type {
+	ft, hp := p.ft.id, p.hp
+	switch {
+	case ft == ftQ2_K:
+		t = quant.Q3_K
+		if hp.gqa() >= 4 {
+			t = quant.Q4_K
+		}
+	case ft == ftQ3_K_M:
+		t = quant.Q4_K
+		if p.iAttnV < 2 {
+			t = quant.Q5_K
+		}
+	case ft == ftQ3_K_L:
+		t = quant.Q5_K
+	case (ft == ftIQ4_NL || ft == ftIQ4_XS) && hp.gqa() >= 4:
+		t = quant.Q5_K
+	case (ft == ftQ4_K_M || ft == ftQ5_K_M) && useMoreBits(p.iAttnV, p.nAttnV):
+		t = quant.Q6_K
+	case ft == ftQ4_K_S && p.iAttnV < 4:
+		t = quant.Q5_K
+	}
+	if hp.is70B() && (t == quant.Q3_K || t == quant.Q4_K) {
+		t = quant.Q5_K
+	}
+	if hp.nExpert == 8 {
+		t = quant.Q8_0
+	}
+	p.iAttnV++
+	return t
+}
+
+// ffnDownType is impl's ffn_down arm, which depends on the layer's place
+// in the stack.
+func (p *planner) ffnDownType(t quant.Type, name string) (quant.Type, error) {
+	ft, hp := p.ft.id, p.hp
+	falcon := hp.arch == "falcon"
+	i, n, err := p.layerInfo(p.iFFNDown, p.nFFNDown, name)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case ft == ftQ2_K:
+		t = quant.Q3_K
+	case ft == ftQ3_K_M:
+		switch {
+		case i < n/16:
+			t = quant.Q5_K
+		case !falcon || useMoreBits(i, n):
+			t = quant.Q4_K
+		default:
+			t = quant.Q3_K
+		}
+	case ft == ftQ3_K_L:
+		t = quant.Q5_K
+		if falcon {
+			t = quant.Q4_K
+		}
+	case ft == ftQ4_K_M:
+		if falcon {
+			switch {
+			case i < n/16:
+				t = quant.Q6_K
+			case useMoreBits(i, n):
+				t = quant.Q5_K
+			default:
+				t = quant.Q4_K
+			}
+		} else if useMoreBits(i, n) {
+			t = quant.Q6_K
+		}
+	case i < n/8 && (ft == ftIQ4_NL || ft == ftIQ4_XS):
+		t = quant.Q5_K
+	case ft == ftQ5_K_M && useMoreBits(i, n):
+		t = quant.Q6_K
+	case ft == ftQ4_K_S && !falcon && i < n/8:
+		t = quant.Q5_K
+	}
+	p.iFFNDown++
 	return t, nil
 }
