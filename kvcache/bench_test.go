@@ -27,7 +27,7 @@ func benchCache(b *testing.B, seqs, ctx int) *Cache {
 			for i := range k {
 				k[i], v[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
 			}
-			c.Store(0, s, pos, k, v)
+			storeTok(c, 0, s, pos, k, v)
 		}
 	}
 	return c
@@ -43,32 +43,46 @@ func benchQ(n int) []float32 {
 }
 
 // BenchmarkAttendDecode is one decode step of 8 sequences at context 512,
-// one thread: the paged f16 attention alone.
+// one thread: the paged f16 attention alone (Begin included).
 func BenchmarkAttendDecode(b *testing.B) {
 	const seqs, ctx = 8, 512
 	c := benchCache(b, seqs, ctx)
 	qd := benchAttn.NHead * benchAttn.HeadDim
 	q, out := benchQ(seqs), make([]float32, seqs*qd)
+	batch := &model.Batch{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs)}
+	for s := range batch.Seq {
+		batch.Seq[s], batch.Pos[s] = int32(s), ctx-1
+	}
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
+		if err := c.Begin(batch); err != nil {
+			b.Fatal(err)
+		}
 		for s := 0; s < seqs; s++ {
-			c.Attend(0, int32(s), ctx, q[s*qd:(s+1)*qd], out[s*qd:(s+1)*qd], benchAttn)
+			c.Attend(0, s, s+1, q[s*qd:(s+1)*qd], out[s*qd:(s+1)*qd], benchAttn)
 		}
 	}
 	b.ReportMetric(float64(b.N)*seqs*ctx/b.Elapsed().Seconds(), "pos/s")
 }
 
 // BenchmarkAttendPrefill is the causal attention of one 512-token prefill
-// chunk, one thread.
+// chunk, one thread, in the model's pieces of 16 queries.
 func BenchmarkAttendPrefill(b *testing.B) {
-	const ctx = 512
+	const ctx, piece = 512, 16
 	c := benchCache(b, 1, ctx)
 	qd := benchAttn.NHead * benchAttn.HeadDim
 	q, out := benchQ(ctx), make([]float32, ctx*qd)
+	batch := &model.Batch{Tokens: make([]int32, ctx), Pos: make([]int32, ctx), Seq: make([]int32, ctx)}
+	for i := range batch.Pos {
+		batch.Pos[i] = int32(i)
+	}
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
-		for i := 0; i < ctx; i++ {
-			c.Attend(0, 0, int32(i+1), q[i*qd:(i+1)*qd], out[i*qd:(i+1)*qd], benchAttn)
+		if err := c.Begin(batch); err != nil {
+			b.Fatal(err)
+		}
+		for lo := 0; lo < ctx; lo += piece {
+			c.Attend(0, lo, lo+piece, q[lo*qd:(lo+piece)*qd], out[lo*qd:(lo+piece)*qd], benchAttn)
 		}
 	}
 	b.ReportMetric(float64(b.N)*ctx*(ctx+1)/2/b.Elapsed().Seconds(), "pos/s")
