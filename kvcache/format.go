@@ -49,13 +49,26 @@ func (d DType) NewPages(n, tokens, heads, dim int) Pages {
 	g := pageGeom{dim: dim, rowLen: heads * dim, pageLen: tokens * heads * dim}
 	switch d {
 	case F32:
-		return &f32Pages{pageGeom: g, data: make([]float32, n*g.pageLen)}
+		p := &f32Pages{pageGeom: g, data: make([]float32, n*g.pageLen),
+			scores: kernels.AttnScoresF32, mix: kernels.AttnMixF32}
+		if !rowKernels() {
+			p.scores, p.mix = dotRows(kernels.DotF32), axpyRows(kernels.AxpyF32)
+		}
+		return p
 	case F16:
-		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+		p := &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
 			put: kernels.F32ToF16Row, scores: kernels.AttnScoresF16, mix: kernels.AttnMixF16}
+		if !rowKernels() {
+			p.scores, p.mix = dotRows(kernels.DotF16), axpyRows(kernels.AxpyF16)
+		}
+		return p
 	case BF16:
-		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+		p := &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
 			put: kernels.F32ToBF16Row, scores: kernels.AttnScoresBF16, mix: kernels.AttnMixBF16}
+		if !rowKernels() {
+			p.scores, p.mix = dotRows(kernels.DotBF16), axpyRows(kernels.AxpyBF16)
+		}
+		return p
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))
 }
@@ -72,7 +85,9 @@ func (g *pageGeom) rows(page, head, from, to int) (lo, hi int) {
 
 type f32Pages struct {
 	pageGeom
-	data []float32
+	data   []float32
+	scores func(s, q, k []float32, stride int)
+	mix    func(out, w, v []float32, stride int)
 }
 
 func (p *f32Pages) Put(page, slot int, row []float32) {
@@ -83,14 +98,14 @@ func (p *f32Pages) Put(page, slot int, row []float32) {
 func (p *f32Pages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
 	lo, hi := p.rows(page, head, from, to)
 	for j := 0; j*p.dim < len(q); j++ {
-		kernels.AttnScoresF32(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
+		p.scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
 	}
 }
 
 func (p *f32Pages) Mix(out, w []float32, ws int, page, head, from, to int) {
 	lo, hi := p.rows(page, head, from, to)
 	for j := 0; j*p.dim < len(out); j++ {
-		kernels.AttnMixF32(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
+		p.mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
 	}
 }
 
@@ -129,4 +144,28 @@ func (p *halfPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 
 func (p *halfPages) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageLen:(dst+1)*p.pageLen], p.data[src*p.pageLen:(src+1)*p.pageLen])
+}
+
+// rowKernels reports whether the strided-row kernels have a SIMD form on
+// this CPU. Where they do not (AVX2 today) they are the plain Go
+// references, and a loop over the per-row SIMD dot and axpy is an order of
+// magnitude faster.
+func rowKernels() bool { return kernels.ISA() == "avx512" }
+
+// dotRows is the strided-row score kernel as a loop of dot products.
+func dotRows[E float32 | uint16](dot func([]float32, []E) float32) func(s, q []float32, k []E, stride int) {
+	return func(s, q []float32, k []E, stride int) {
+		for t := range s {
+			s[t] = dot(q, k[t*stride:t*stride+len(q)])
+		}
+	}
+}
+
+// axpyRows is the strided-row mix kernel as a loop of axpys.
+func axpyRows[E float32 | uint16](axpy func([]float32, float32, []E)) func(out, w []float32, v []E, stride int) {
+	return func(out, w []float32, v []E, stride int) {
+		for t, a := range w {
+			axpy(out, a, v[t*stride:t*stride+len(out)])
+		}
+	}
 }
