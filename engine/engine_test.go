@@ -131,6 +131,9 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 			}
 		}
 	}
+	if err := kv.Begin(b); err != nil {
+		return nil, err
+	}
 	ap := fakeAttn
 	ap.Window = m.window
 	const d = 16 // NHead·HeadDim
@@ -150,9 +153,9 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 			for i := range q {
 				q[i] = x[(i+3)%d] * 2
 			}
-			kv.Store(l, b.Seq[r], pos, k, v)
+			kv.Store(l, r, k, v)
 			o := make([]float32, d)
-			kv.Attend(l, b.Seq[r], pos+1, q, o, ap)
+			kv.Attend(l, r, r+1, q, o, ap)
 			for i := range x {
 				x[i] += o[i]
 			}

@@ -5,9 +5,6 @@ import (
 	"math"
 	"strings"
 	"sync"
-
-	"pagoda/kernels"
-	"pagoda/model"
 )
 
 // DType is the element type K and V are stored in.
@@ -57,6 +54,10 @@ const DefaultBlockSize = 16
 
 // Config sizes a cache. Either NumBlocks or Bytes must be set; the storage
 // is allocated once, up front, and never grows.
+//
+// NLayer, NKVHead, HeadDim, DType and Window describe the usual single
+// layer group (every layer alike); Groups, when set, replaces the shape
+// with one spec per layer group, DType then being the default format.
 type Config struct {
 	NLayer, NKVHead, HeadDim int
 	BlockSize                int   // tokens per block; 0 = 16
@@ -69,6 +70,7 @@ type Config struct {
 	// sequence has computed past it, so a sequence holds about
 	// Window/BlockSize+1 blocks however long it grows.
 	Window int
+	Groups []GroupSpec
 }
 
 // BlockBytes is the storage of one block over all layers, K and V.
@@ -77,44 +79,53 @@ func (c Config) BlockBytes() int64 {
 	if bs == 0 {
 		bs = DefaultBlockSize
 	}
-	return 2 * int64(c.NLayer) * int64(bs) * int64(c.NKVHead) * int64(c.HeadDim) * int64(c.DType.Size())
+	var n int64
+	for _, g := range c.groups() {
+		n += g.blockBytes(bs)
+	}
+	return n
 }
 
 // seqTable is one sequence's view of the pool.
 type seqTable struct {
-	// blocks maps logical block i to a physical block; the first dead
-	// entries are released (released, -1) on a sliding-window cache, kept
-	// as tombstones so logical positions stay where they were.
+	// blocks maps logical block i to a physical block; entries a policy
+	// let go are released (-1), kept as holes so logical positions stay
+	// where they were. Holes need not be a prefix: sinks keep block 0.
 	blocks []int32
 	hashes []uint64 // chain hashes of the leading full blocks
 	filled int      // tokens the sequence has claimed slots for
-	dead   int      // leading released blocks
+	holes  int      // released entries of blocks
 }
 
-// released marks a block table entry whose block a sliding window let go.
+// released marks a block table entry whose block a policy let go.
 const released = -1
+
+// layerStore is one layer's K and V pages (V nil when K serves as both).
+type layerStore struct {
+	k, v  Pages
+	group int
+}
 
 // Cache is the paged KV cache: block pool, block tables and storage. It is
 // not safe for concurrent mutation: one goroutine (the engine's) allocates
 // and frees. Store and Attend may run concurrently with each other during a
 // forward pass, as long as no table changes meanwhile.
 type Cache struct {
-	cfg      Config
-	bs       int
-	rowLen   int // NKVHead·HeadDim
-	blockLen int // bs·rowLen
-	pool     *Pool
-	tables   map[int32]*seqTable
+	cfg    Config
+	bs     int
+	pool   *Pool
+	tables map[int32]*seqTable
+	groups []GroupSpec
+	layers []layerStore
+	lossy  []bool // per group: its policy drops positions on purpose
 
-	k32, v32 [][]float32 // per layer, F32
-	k16, v16 [][]uint16  // per layer, F16 / BF16
-
+	step    step // the batch Begin prepared
 	scratch sync.Pool
 }
 
 // New allocates the storage for cfg.
 func New(cfg Config) (*Cache, error) {
-	if cfg.NLayer <= 0 || cfg.NKVHead <= 0 || cfg.HeadDim <= 0 {
+	if len(cfg.Groups) == 0 && (cfg.NLayer <= 0 || cfg.NKVHead <= 0 || cfg.HeadDim <= 0) {
 		return nil, fmt.Errorf("kvcache: bad shape: %d layers, %d kv heads, head dim %d", cfg.NLayer, cfg.NKVHead, cfg.HeadDim)
 	}
 	if cfg.BlockSize == 0 {
@@ -125,6 +136,14 @@ func New(cfg Config) (*Cache, error) {
 	}
 	if cfg.DType > BF16 {
 		return nil, fmt.Errorf("kvcache: unknown dtype %d", cfg.DType)
+	}
+	if cfg.Window < 0 {
+		return nil, fmt.Errorf("kvcache: sliding window %d", cfg.Window)
+	}
+	groups := cfg.groups()
+	layerGroup, err := checkGroups(groups)
+	if err != nil {
+		return nil, err
 	}
 	if cfg.NumBlocks == 0 {
 		if cfg.Bytes <= 0 {
@@ -138,30 +157,29 @@ func New(cfg Config) (*Cache, error) {
 	if cfg.NumBlocks < 0 {
 		return nil, fmt.Errorf("kvcache: %d blocks", cfg.NumBlocks)
 	}
-	if cfg.Window < 0 {
-		return nil, fmt.Errorf("kvcache: sliding window %d", cfg.Window)
-	}
 	c := &Cache{
 		cfg:    cfg,
 		bs:     cfg.BlockSize,
-		rowLen: cfg.NKVHead * cfg.HeadDim,
 		pool:   NewPool(cfg.NumBlocks),
 		tables: map[int32]*seqTable{},
+		groups: groups,
+		layers: make([]layerStore, len(layerGroup)),
+		lossy:  make([]bool, len(groups)),
 	}
-	c.blockLen = c.bs * c.rowLen
-	perLayer := cfg.NumBlocks * c.blockLen
-	if int64(perLayer) > math.MaxInt32*8 {
-		return nil, fmt.Errorf("kvcache: %d blocks of %d elements per layer is too large", cfg.NumBlocks, c.blockLen)
-	}
-	if cfg.DType == F32 {
-		c.k32, c.v32 = make([][]float32, cfg.NLayer), make([][]float32, cfg.NLayer)
-		for l := range c.k32 {
-			c.k32[l], c.v32[l] = make([]float32, perLayer), make([]float32, perLayer)
+	for gi, g := range groups {
+		if int64(cfg.NumBlocks)*int64(c.bs*g.NKVHead*max(g.KDim, g.VDim)) > math.MaxInt32*8 {
+			return nil, fmt.Errorf("kvcache: %d blocks of %d tokens × %d kv heads × %d per layer is too large", cfg.NumBlocks, c.bs, g.NKVHead, max(g.KDim, g.VDim))
 		}
-	} else {
-		c.k16, c.v16 = make([][]uint16, cfg.NLayer), make([][]uint16, cfg.NLayer)
-		for l := range c.k16 {
-			c.k16[l], c.v16[l] = make([]uint16, perLayer), make([]uint16, perLayer)
+		if l, ok := g.Policy.(Lossy); ok && l.Lossy() {
+			c.lossy[gi] = true
+		}
+		for _, l := range g.Layers {
+			ls := &c.layers[l]
+			ls.group = gi
+			ls.k = g.KFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.KDim)
+			if g.VDim > 0 {
+				ls.v = g.VFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.VDim)
+			}
 		}
 	}
 	return c, nil
@@ -179,35 +197,58 @@ func (c *Cache) Pool() *Pool { return c.pool }
 // blocksFor is the number of blocks n tokens take.
 func (c *Cache) blocksFor(n int) int { return (n + c.bs - 1) / c.bs }
 
-// deadBlocks is the number of leading blocks no token at position next or
-// later can attend to: token p sees positions from p+1-Window on, so block
-// i is dead once (i+1)·BlockSize <= next+1-Window.
-func (c *Cache) deadBlocks(next int) int {
-	if c.cfg.Window <= 0 || next+1-c.cfg.Window <= 0 {
-		return 0
+// dead is the logical blocks of seq that no query at position next or
+// later attends in any layer group: what every group's policy releases.
+func (c *Cache) dead(seq int32, next int) []Span {
+	d := c.groups[0].Policy.Release(seq, next, c.bs, nil)
+	for _, g := range c.groups[1:] {
+		if len(d) == 0 {
+			break
+		}
+		d = intersect(d, g.Policy.Release(seq, next, c.bs, nil))
 	}
-	return (next + 1 - c.cfg.Window) / c.bs
+	return d
+}
+
+// isDead reports whether logical block i is inside the spans d.
+func isDead(d []Span, i int) bool {
+	for _, s := range d {
+		if i >= s.From && i < s.To {
+			return true
+		}
+	}
+	return false
 }
 
 // MaxSeqBlocks is the most blocks one sequence holds while computing a
-// step of chunk tokens on a sliding-window cache (0 when there is no
-// window: the bound is then the whole sequence). Live positions are
-// [c+1-Window, c+chunk) for a step starting at c.
+// step of chunk tokens when the policies release blocks (0 when one of
+// them releases none: the bound is then the whole sequence). With several
+// groups the bounds add up, an overestimate: a block is held while any
+// group still needs it.
 func (c *Cache) MaxSeqBlocks(chunk int) int {
-	if c.cfg.Window <= 0 {
-		return 0
+	n := 0
+	for _, g := range c.groups {
+		m := g.Policy.MaxBlocks(chunk, c.bs)
+		if m <= 0 {
+			return 0
+		}
+		n += m
 	}
-	return (c.cfg.Window+chunk-2)/c.bs + 2
+	return n
 }
 
 // slide releases the blocks of t that no token at position next or later
 // can attend to. A registered block released here stays in the prefix
 // cache (at the tail of the free queue) for other requests to reuse.
-func (c *Cache) slide(t *seqTable, next int) {
-	k := min(c.deadBlocks(next), len(t.blocks))
-	for ; t.dead < k; t.dead++ {
-		c.pool.release(t.blocks[t.dead])
-		t.blocks[t.dead] = released
+func (c *Cache) slide(seq int32, t *seqTable, next int) {
+	for _, s := range c.dead(seq, next) {
+		for i := max(s.From, 0); i < min(s.To, len(t.blocks)); i++ {
+			if t.blocks[i] != released {
+				c.pool.release(t.blocks[i])
+				t.blocks[i] = released
+				t.holes++
+			}
+		}
 	}
 }
 
@@ -264,9 +305,12 @@ func (c *Cache) need(seq int32, hit []int32, from, upto int) int {
 	if n < 0 {
 		n = 0
 	}
-	dead := c.deadBlocks(from)
+	var dead []Span
+	if len(hit) > 0 {
+		dead = c.dead(seq, from)
+	}
 	for i, id := range hit {
-		if i >= dead && c.pool.blocks[id].ref == 0 {
+		if !isDead(dead, i) && c.pool.blocks[id].ref == 0 {
 			n++
 		}
 	}
@@ -292,12 +336,15 @@ func (c *Cache) Allocate(seq int32, hit []int32, from, upto int) bool {
 		t = &seqTable{}
 		c.tables[seq] = t
 	}
-	dead := c.deadBlocks(from)
+	var dead []Span
+	if len(hit) > 0 {
+		dead = c.dead(seq, from)
+	}
 	for i, id := range hit {
 		t.hashes = append(t.hashes, c.pool.blocks[id].hash)
-		if i < dead {
+		if isDead(dead, i) {
 			t.blocks = append(t.blocks, released)
-			t.dead++
+			t.holes++
 			continue
 		}
 		c.pool.touch(id)
@@ -324,8 +371,8 @@ func (c *Cache) Allocate(seq int32, hit []int32, from, upto int) bool {
 
 // Commit says seq's first computed tokens are in the cache: it registers
 // the full blocks among them in the prefix cache (when prefix caching is
-// on) and then, on a sliding-window cache, releases the blocks no later
-// token can attend to. Registration comes first, so a released block
+// on) and then releases the blocks the policies say no later token
+// attends (a sliding window, sinks). Registration comes first, so a released block
 // stays reusable by other requests.
 func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 	t := c.tables[seq]
@@ -349,7 +396,7 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 			}
 		}
 	}
-	c.slide(t, computed)
+	c.slide(seq, t, computed)
 }
 
 // Free releases all of seq's blocks. The tail blocks go back to the free
@@ -359,8 +406,10 @@ func (c *Cache) Free(seq int32) {
 	if t == nil {
 		return
 	}
-	for i := len(t.blocks) - 1; i >= t.dead; i-- {
-		c.pool.release(t.blocks[i])
+	for i := len(t.blocks) - 1; i >= 0; i-- {
+		if t.blocks[i] != released {
+			c.pool.release(t.blocks[i])
+		}
 	}
 	delete(c.tables, seq)
 }
@@ -379,17 +428,19 @@ func (c *Cache) Fork(parent, child int32) error {
 		blocks: append([]int32(nil), p.blocks...),
 		hashes: append([]uint64(nil), p.hashes...),
 		filled: p.filled,
-		dead:   p.dead,
+		holes:  p.holes,
 	}
-	for _, id := range t.blocks[t.dead:] {
-		c.pool.touch(id)
+	for _, id := range t.blocks {
+		if id != released {
+			c.pool.touch(id)
+		}
 	}
 	c.tables[child] = t
 	return nil
 }
 
-// Table returns seq's block ids (shared; do not modify); released entries
-// of a sliding-window cache are -1.
+// Table returns seq's block ids (shared; do not modify); entries a policy
+// released are -1.
 func (c *Cache) Table(seq int32) []int32 {
 	if t := c.tables[seq]; t != nil {
 		return t.blocks
@@ -401,14 +452,10 @@ func (c *Cache) Table(seq int32) []int32 {
 func (c *Cache) NumSeqs() int { return len(c.tables) }
 
 func (c *Cache) copyBlock(dst, src int32) {
-	d, s := int(dst)*c.blockLen, int(src)*c.blockLen
-	for l := 0; l < c.cfg.NLayer; l++ {
-		if c.k32 != nil {
-			copy(c.k32[l][d:d+c.blockLen], c.k32[l][s:s+c.blockLen])
-			copy(c.v32[l][d:d+c.blockLen], c.v32[l][s:s+c.blockLen])
-		} else {
-			copy(c.k16[l][d:d+c.blockLen], c.k16[l][s:s+c.blockLen])
-			copy(c.v16[l][d:d+c.blockLen], c.v16[l][s:s+c.blockLen])
+	for _, ls := range c.layers {
+		ls.k.CopyPage(int(dst), int(src))
+		if ls.v != nil {
+			ls.v.CopyPage(int(dst), int(src))
 		}
 	}
 }
@@ -454,7 +501,7 @@ func (c *Cache) Usage() Usage {
 	u.Used = u.Blocks - u.Free
 	u.CachedFree = c.pool.cachedFree
 	for _, t := range c.tables {
-		u.Filled += t.filled - t.dead*c.bs
+		u.Filled += t.filled - t.holes*c.bs
 		slots := len(t.blocks) * c.bs
 		u.Reserved += slots - t.filled
 		if t.filled > 0 {
@@ -475,21 +522,23 @@ func (c *Cache) Check() error {
 	}
 	refs := make([]int32, c.pool.NumBlocks())
 	for seq, t := range c.tables {
-		if t.dead > c.deadBlocks(t.filled) {
-			return fmt.Errorf("kvcache: sequence %d released %d blocks, but at %d tokens only %d are outside the window %d",
-				seq, t.dead, t.filled, c.deadBlocks(t.filled), c.cfg.Window)
-		}
+		dead := c.dead(seq, t.filled)
+		holes := 0
 		for i, id := range t.blocks {
-			if (i < t.dead) != (id == released) {
-				return fmt.Errorf("kvcache: sequence %d block %d is %d with %d leading blocks released", seq, i, id, t.dead)
-			}
 			if id == released {
+				if !isDead(dead, i) {
+					return fmt.Errorf("kvcache: sequence %d released block %d, which its policy still attends at %d tokens", seq, i, t.filled)
+				}
+				holes++
 				continue
 			}
 			if id < 0 || int(id) >= len(refs) {
 				return fmt.Errorf("kvcache: sequence %d holds bad block %d", seq, id)
 			}
 			refs[id]++
+		}
+		if holes != t.holes {
+			return fmt.Errorf("kvcache: sequence %d has %d released blocks, counter says %d", seq, holes, t.holes)
 		}
 		if len(t.blocks) != c.blocksFor(t.filled) {
 			return fmt.Errorf("kvcache: sequence %d holds %d blocks for %d tokens", seq, len(t.blocks), t.filled)
@@ -502,150 +551,6 @@ func (c *Cache) Check() error {
 	}
 	return nil
 }
-
-// slot is the element offset of token pos of seq in a layer array.
-func (c *Cache) slot(seq, pos int32) int {
-	t := c.tables[seq]
-	if t == nil {
-		panic(fmt.Sprintf("kvcache: sequence %d has no blocks", seq))
-	}
-	b := int(pos) / c.bs
-	if pos < 0 || b >= len(t.blocks) {
-		panic(fmt.Sprintf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(t.blocks)))
-	}
-	if b < t.dead {
-		panic(fmt.Sprintf("kvcache: sequence %d position %d is in a block released by the sliding window", seq, pos))
-	}
-	return (int(t.blocks[b])*c.bs + int(pos)%c.bs) * c.rowLen
-}
-
-// CheckPos reports an error when position pos of seq has no slot (the
-// engine allocated none, or the window released it), so the model fails
-// the forward pass instead of Store panicking.
-func (c *Cache) CheckPos(seq, pos int32) error {
-	t := c.tables[seq]
-	if t == nil {
-		return fmt.Errorf("kvcache: sequence %d has no blocks", seq)
-	}
-	b := int(pos) / c.bs
-	if pos < 0 || b >= len(t.blocks) {
-		return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(t.blocks))
-	}
-	if b < t.dead {
-		return fmt.Errorf("kvcache: sequence %d position %d is in a block released by the sliding window %d", seq, pos, c.cfg.Window)
-	}
-	return nil
-}
-
-// Store implements model.KVCache.
-func (c *Cache) Store(layer int, seq, pos int32, k, v []float32) {
-	off := c.slot(seq, pos)
-	n := c.rowLen
-	switch c.cfg.DType {
-	case F32:
-		copy(c.k32[layer][off:off+n], k[:n])
-		copy(c.v32[layer][off:off+n], v[:n])
-	case F16:
-		kernels.F32ToF16Row(c.k16[layer][off:off+n], k[:n])
-		kernels.F32ToF16Row(c.v16[layer][off:off+n], v[:n])
-	case BF16:
-		kernels.F32ToBF16Row(c.k16[layer][off:off+n], k[:n])
-		kernels.F32ToBF16Row(c.v16[layer][off:off+n], v[:n])
-	}
-}
-
-// Attend implements model.KVCache with a two-pass softmax: the scores of
-// all visible positions, then the weighted sum of values, each position's
-// K and V row found through the block table. Query heads sharing a KV head
-// read its rows once.
-func (c *Cache) Attend(layer int, seq, n int32, q, out []float32, p model.AttnParams) {
-	t := c.tables[seq]
-	if t == nil {
-		panic(fmt.Sprintf("kvcache: attend on sequence %d without blocks", seq))
-	}
-	lo := 0
-	if p.Window > 0 && int(n) > p.Window {
-		lo = int(n) - p.Window
-	}
-	L := int(n) - lo
-	D := p.HeadDim
-	group := p.NHead / p.NKVHead
-	if L <= 0 {
-		clear(out[:p.NHead*D])
-		return
-	}
-	sp, _ := c.scratch.Get().(*[]float32)
-	if sp == nil {
-		sp = new([]float32)
-	}
-	if cap(*sp) < p.NHead*L {
-		*sp = make([]float32, p.NHead*L)
-	}
-	scores := (*sp)[:p.NHead*L]
-
-	if c.blocksFor(int(n)) > len(t.blocks) {
-		panic(fmt.Sprintf("kvcache: attend over %d positions of sequence %d with %d blocks", n, seq, len(t.blocks)))
-	}
-	// A window narrower than the model's (or none) would read blocks the
-	// cache has already handed to someone else: wrong output, silently.
-	if lo/c.bs < t.dead {
-		panic(fmt.Sprintf("kvcache: attend from position %d of sequence %d with window %d reads position %d, released by the cache window %d",
-			n-1, seq, p.Window, lo, c.cfg.Window))
-	}
-	// base is the element offset of position pos through the block table.
-	base := func(pos int) int { return (int(t.blocks[pos/c.bs])*c.bs + pos%c.bs) * c.rowLen }
-	for i := 0; i < L; i++ {
-		base := base(lo + i)
-		for kh := 0; kh < p.NKVHead; kh++ {
-			off := base + kh*D
-			for g := 0; g < group; g++ {
-				h := kh*group + g
-				qh := q[h*D : (h+1)*D]
-				var s float32
-				switch c.cfg.DType {
-				case F32:
-					s = kernels.DotF32(qh, c.k32[layer][off:off+D])
-				case F16:
-					s = kernels.DotF16(qh, c.k16[layer][off:off+D])
-				default:
-					s = kernels.DotBF16(qh, c.k16[layer][off:off+D])
-				}
-				scores[h*L+i] = s * p.Scale
-			}
-		}
-	}
-	for h := 0; h < p.NHead; h++ {
-		kernels.Softmax(scores[h*L : (h+1)*L])
-	}
-	clear(out[:p.NHead*D])
-	for i := 0; i < L; i++ {
-		base := base(lo + i)
-		for kh := 0; kh < p.NKVHead; kh++ {
-			off := base + kh*D
-			for g := 0; g < group; g++ {
-				h := kh*group + g
-				oh := out[h*D : (h+1)*D]
-				w := scores[h*L+i]
-				switch c.cfg.DType {
-				case F32:
-					kernels.AxpyF32(oh, w, c.v32[layer][off:off+D])
-				case F16:
-					kernels.AxpyF16(oh, w, c.v16[layer][off:off+D])
-				default:
-					kernels.AxpyBF16(oh, w, c.v16[layer][off:off+D])
-				}
-			}
-		}
-	}
-	c.scratch.Put(sp)
-}
-
-var _ model.KVCache = (*Cache)(nil)
-
-// ParallelAttend tells the model that Attend may run concurrently for
-// different tokens once their K/V are stored: it reads the block tables
-// and storage only, and its scratch comes from a sync.Pool.
-func (c *Cache) ParallelAttend() bool { return true }
 
 // Truncate shrinks seq to slots for its first n tokens: blocks wholly past n
 // go back to the pool and hashes of blocks not wholly inside n are dropped.
@@ -660,9 +565,13 @@ func (c *Cache) Truncate(seq int32, n int) {
 	if n < 0 {
 		n = 0
 	}
-	keep := max(c.blocksFor(n), t.dead)
+	keep := c.blocksFor(n)
 	for i := len(t.blocks) - 1; i >= keep; i-- {
-		c.pool.release(t.blocks[i])
+		if t.blocks[i] == released {
+			t.holes--
+		} else {
+			c.pool.release(t.blocks[i])
+		}
 	}
 	t.blocks = t.blocks[:keep]
 	if h := n / c.bs; len(t.hashes) > h {

@@ -156,7 +156,7 @@ func TestCopyOnWrite(t *testing.T) {
 		c.Allocate(1, nil, 0, 6)
 		for pos := int32(0); pos < 6; pos++ {
 			for l := 0; l < 2; l++ {
-				c.Store(l, 1, pos, row(float32(pos)), row(-float32(pos)))
+				storeTok(c, l, 1, pos, row(float32(pos)), row(-float32(pos)))
 			}
 		}
 		if err := c.Fork(1, 2); err != nil {
@@ -173,11 +173,11 @@ func TestCopyOnWrite(t *testing.T) {
 			t.Fatalf("cow copied the wrong blocks: %v vs %v", c.Table(1), c.Table(2))
 		}
 		for l := 0; l < 2; l++ {
-			c.Store(l, 2, 6, row(100), row(-100))
+			storeTok(c, l, 2, 6, row(100), row(-100))
 		}
 		c.Allocate(1, nil, 6, 7)
 		for l := 0; l < 2; l++ {
-			c.Store(l, 1, 6, row(50), row(-50))
+			storeTok(c, l, 1, 6, row(50), row(-50))
 		}
 		mustCheck(t, c)
 		// Attention with a one-hot query over each sequence recovers its rows.
@@ -185,7 +185,7 @@ func TestCopyOnWrite(t *testing.T) {
 		q := make([]float32, 16)
 		for seq, last := range map[int32]float32{1: 50, 2: 100} {
 			out := make([]float32, 16)
-			c.Attend(1, seq, 7, q, out, p)
+			attendTok(c, 1, seq, 7, q, out, p)
 			// Uniform weights: mean of positions 0..5 and the last one.
 			want := (0 + 1 + 2 + 3 + 4 + 5 + last) / 7
 			if math.Abs(float64(-out[0]-want)) > 0.05 {
@@ -268,7 +268,7 @@ func TestPagedAttentionMatchesNaive(t *testing.T) {
 					}
 					keys[seq] = append(keys[seq], k)
 					vals[seq] = append(vals[seq], v)
-					c.Store(0, seq, int32(pos), k, v)
+					storeTok(c, 0, seq, int32(pos), k, v)
 				}
 			}
 			q := make([]float32, p.NHead*p.HeadDim)
@@ -279,7 +279,7 @@ func TestPagedAttentionMatchesNaive(t *testing.T) {
 					}
 					want := naiveAttend(keys[seq], vals[seq], upto, q, p)
 					got := make([]float32, len(q))
-					c.Attend(0, seq, int32(upto), q, got, p)
+					attendTok(c, 0, seq, int32(upto), q, got, p)
 					for i := range got {
 						if d := math.Abs(float64(got[i] - want[i])); d > tc.tol*(1+math.Abs(float64(want[i]))) {
 							t.Fatalf("%v %+v seq %d n %d: out[%d] = %v, want %v", tc.d, p, seq, upto, i, got[i], want[i])
@@ -409,7 +409,7 @@ func BenchmarkAttend(b *testing.B) {
 				k[i] = float32(i%7) * 0.1
 			}
 			for pos := int32(0); pos < n; pos++ {
-				c.Store(0, 0, pos, k, k)
+				storeTok(c, 0, 0, pos, k, k)
 			}
 			q, out := make([]float32, 32*128), make([]float32, 32*128)
 			for i := range q {
@@ -417,7 +417,7 @@ func BenchmarkAttend(b *testing.B) {
 			}
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
-				c.Attend(0, 0, n, q, out, p)
+				attendTok(c, 0, 0, n, q, out, p)
 			}
 			b.ReportMetric(float64(b.N)*n/b.Elapsed().Seconds(), "pos/s")
 		})

@@ -46,7 +46,7 @@ func TestSlidingWindowReleasesAndReuses(t *testing.T) {
 		t.Fatal("allocate")
 	}
 	for pos := range 40 {
-		c.Store(0, 1, int32(pos), kvRow(toks, pos, 4, 0), kvRow(toks, pos, 4, 1))
+		storeTok(c, 0, 1, int32(pos), kvRow(toks, pos, 4, 0), kvRow(toks, pos, 4, 1))
 	}
 	c.Commit(1, toks, 40, 0)
 	mustCheck(t, c)
@@ -79,19 +79,19 @@ func TestSlidingWindowReleasesAndReuses(t *testing.T) {
 	q := []float32{1, 0.5, -1, 2}
 	p := model.AttnParams{NHead: 1, NKVHead: 1, HeadDim: 4, Scale: 0.5, Window: W}
 	for pos := 36; pos < 40; pos++ {
-		c.Store(0, 2, int32(pos), kvRow(toks, pos, 4, 0), kvRow(toks, pos, 4, 1))
+		storeTok(c, 0, 2, int32(pos), kvRow(toks, pos, 4, 0), kvRow(toks, pos, 4, 1))
 	}
 	a, b := make([]float32, 4), make([]float32, 4)
-	c.Attend(0, 1, 40, q, a, p)
-	c.Attend(0, 2, 40, q, b, p)
+	attendTok(c, 0, 1, 40, q, a, p)
+	attendTok(c, 0, 2, 40, q, b, p)
 	for i := range a {
 		if a[i] != b[i] {
 			t.Fatalf("through the reused blocks %v, original %v", b, a)
 		}
 	}
 	// Reading a released block is refused, never silently wrong.
-	if err := c.CheckPos(2, 3); err == nil || !strings.Contains(err.Error(), "released") {
-		t.Fatalf("CheckPos in a released block: %v", err)
+	if err := c.Begin(&model.Batch{Tokens: []int32{0}, Pos: []int32{3}, Seq: []int32{2}}); err == nil || !strings.Contains(err.Error(), "released") {
+		t.Fatalf("Begin on a released block: %v", err)
 	}
 	func() {
 		defer func() {
@@ -101,7 +101,7 @@ func TestSlidingWindowReleasesAndReuses(t *testing.T) {
 		}()
 		p0 := p
 		p0.Window = 0
-		c.Attend(0, 2, 40, q, b, p0)
+		attendTok(c, 0, 2, 40, q, b, p0)
 	}()
 	c.Free(1)
 	c.Free(2)
@@ -175,8 +175,8 @@ func TestSlidingWindowRandomWorkload(t *testing.T) {
 		compute := func(id int32, s *seq, from, upto int) {
 			for pos := from; pos < upto; pos++ {
 				k, v := kvRow(s.tokens, pos, rowLen, 0), kvRow(s.tokens, pos, rowLen, 1)
-				win.Store(0, id, int32(pos), k, v)
-				full.Store(0, id, int32(pos), k, v)
+				storeTok(win, 0, id, int32(pos), k, v)
+				storeTok(full, 0, id, int32(pos), k, v)
 			}
 			q := make([]float32, p.NHead*p.HeadDim)
 			for pos := from; pos < upto; pos++ {
@@ -184,8 +184,8 @@ func TestSlidingWindowRandomWorkload(t *testing.T) {
 					q[i] = float32(rng.NormFloat64())
 				}
 				a, b := make([]float32, len(q)), make([]float32, len(q))
-				win.Attend(0, id, int32(pos+1), q, a, p)
-				full.Attend(0, id, int32(pos+1), q, b, p)
+				attendTok(win, 0, id, int32(pos+1), q, a, p)
+				attendTok(full, 0, id, int32(pos+1), q, b, p)
 				for i := range a {
 					if a[i] != b[i] {
 						t.Fatalf("%v window %d seq %d pos %d: windowed cache %v, full cache %v", tc.d, tc.window, id, pos, a, b)
@@ -229,14 +229,14 @@ func TestSlidingWindowRandomWorkload(t *testing.T) {
 				if !win.Allocate(next, hit, from, from+n) {
 					continue
 				}
-				tombHits += win.deadBlocks(from)
+				tombHits += len(win.Table(next)) - held(win, next)
 				if h := held(win, next); h > win.MaxSeqBlocks(n) {
 					t.Fatalf("new seq holds %d blocks for a chunk of %d, bound %d", h, n, win.MaxSeqBlocks(n))
 				}
 				s := &seq{tokens: toks}
 				full.Allocate(next, nil, 0, from+n)
 				for pos := 0; pos < from; pos++ {
-					full.Store(0, next, int32(pos), kvRow(toks, pos, rowLen, 0), kvRow(toks, pos, rowLen, 1))
+					storeTok(full, 0, next, int32(pos), kvRow(toks, pos, rowLen, 0), kvRow(toks, pos, rowLen, 1))
 				}
 				live[next] = s
 				compute(next, s, from, from+n)

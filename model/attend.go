@@ -1,5 +1,16 @@
 package model
 
+import "sort"
+
+// pieceRows caps the queries of one Attend call: enough for a prefill
+// chunk to read each K/V page once for many queries, few enough that a
+// long chunk still splits into pieces the pool can balance.
+const pieceRows = 16
+
+// attnPiece is a run of batch rows [lo, hi) of one sequence at consecutive
+// positions, and its cost in attended positions.
+type attnPiece struct{ lo, hi, cost int }
+
 // attend stores the K/V rows of every batch token for layer li and then runs
 // attention for every token, writing att (T × NHead·HeadDim). It is the one
 // place the forward pass touches the KV cache: the layer blocks produce q, k
@@ -11,22 +22,53 @@ func (m *Model) attend(li int, b *Batch, kv KVCache, q, k, v, att []float32, ap 
 	T := len(b.Tokens)
 	qd, kvd := ap.NHead*ap.HeadDim, ap.NKVHead*ap.HeadDim
 	for i := 0; i < T; i++ {
-		kv.Store(li, b.Seq[i], b.Pos[i], k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd])
+		kv.Store(li, i, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd])
 	}
-	rows := func(lo, hi int) {
-		for j := lo; j < hi; j++ {
-			// Pair short and long causal rows (0, T-1, 1, T-2, …) so
-			// the pool's contiguous ranges carry equal work.
-			i := j / 2
-			if j%2 == 1 {
-				i = T - 1 - j/2
-			}
-			kv.Attend(li, b.Seq[i], b.Pos[i]+1, q[i*qd:(i+1)*qd], att[i*qd:(i+1)*qd], ap)
+	pieces := attnPieces(b, ap.Window)
+	run := func(lo, hi int) {
+		for _, p := range pieces[lo:hi] {
+			kv.Attend(li, p.lo, p.hi, q[p.lo*qd:p.hi*qd], att[p.lo*qd:p.hi*qd], ap)
 		}
 	}
-	if pa, ok := kv.(interface{ ParallelAttend() bool }); ok && pa.ParallelAttend() && T > 1 {
-		m.pool.For(T, 1, rows)
+	if pa, ok := kv.(interface{ ParallelAttend() bool }); ok && pa.ParallelAttend() && len(pieces) > 1 {
+		m.pool.For(len(pieces), 1, run)
 	} else {
-		rows(0, T)
+		run(0, len(pieces))
 	}
+}
+
+// attnPieces splits the batch into runs of one sequence at consecutive
+// positions, at most pieceRows rows each, ordered cheap, dear, next
+// cheapest, next dearest, … so the pool's contiguous ranges of pieces
+// carry about equal work (short and long causal rows paired, as for
+// single rows).
+func attnPieces(b *Batch, window int) []attnPiece {
+	var ps []attnPiece
+	cost := func(i int) int {
+		if window > 0 {
+			return min(int(b.Pos[i])+1, window)
+		}
+		return int(b.Pos[i]) + 1
+	}
+	for lo := 0; lo < len(b.Pos); {
+		hi, c := lo+1, cost(lo)
+		for hi < len(b.Pos) && hi-lo < pieceRows && b.Seq[hi] == b.Seq[lo] && b.Pos[hi] == b.Pos[hi-1]+1 {
+			c += cost(hi)
+			hi++
+		}
+		ps = append(ps, attnPiece{lo, hi, c})
+		lo = hi
+	}
+	if len(ps) < 3 {
+		return ps
+	}
+	sort.SliceStable(ps, func(i, j int) bool { return ps[i].cost < ps[j].cost })
+	out := make([]attnPiece, 0, len(ps))
+	for i, j := 0, len(ps)-1; i <= j; i, j = i+1, j-1 {
+		out = append(out, ps[i])
+		if i != j {
+			out = append(out, ps[j])
+		}
+	}
+	return out
 }

@@ -13,8 +13,10 @@ import (
 type FlatCache struct {
 	nLayer, kvd, maxLen, seqs int
 	k, v                      []float32 // [seq][layer][pos][kvd]
-	scores                    [][]float32
+	rows                      []flatRow // the batch Begin prepared
 }
+
+type flatRow struct{ seq, pos int32 }
 
 // NewFlatCache allocates seqs·maxLen positions for c.
 func NewFlatCache(c *Config, seqs, maxLen int) *FlatCache {
@@ -25,17 +27,19 @@ func NewFlatCache(c *Config, seqs, maxLen int) *FlatCache {
 }
 
 func (f *FlatCache) off(layer int, seq, pos int32) int {
-	if seq < 0 || int(seq) >= f.seqs || pos < 0 || int(pos) >= f.maxLen {
-		panic(fmt.Sprintf("flat cache: sequence %d position %d outside %d×%d", seq, pos, f.seqs, f.maxLen))
-	}
 	return ((int(seq)*f.nLayer+layer)*f.maxLen + int(pos)) * f.kvd
 }
 
-// CheckPos reports an error when the cache has no room for position pos of
-// sequence seq, so Forward fails before Store would panic.
-func (f *FlatCache) CheckPos(seq, pos int32) error {
-	if seq < 0 || int(seq) >= f.seqs || pos < 0 || int(pos) >= f.maxLen {
-		return fmt.Errorf("flat cache: sequence %d position %d outside %d×%d", seq, pos, f.seqs, f.maxLen)
+// Begin implements KVCache: it reports an error when the cache has no
+// room for some row, so Forward fails before Store would panic.
+func (f *FlatCache) Begin(b *Batch) error {
+	f.rows = f.rows[:0]
+	for i, pos := range b.Pos {
+		seq := b.Seq[i]
+		if seq < 0 || int(seq) >= f.seqs || pos < 0 || int(pos) >= f.maxLen {
+			return fmt.Errorf("flat cache: sequence %d position %d outside %d×%d", seq, pos, f.seqs, f.maxLen)
+		}
+		f.rows = append(f.rows, flatRow{seq, pos})
 	}
 	return nil
 }
@@ -44,36 +48,43 @@ func (f *FlatCache) CheckPos(seq, pos int32) error {
 func (f *FlatCache) MaxLen() int { return f.maxLen }
 
 // Store implements KVCache.
-func (f *FlatCache) Store(layer int, seq, pos int32, k, v []float32) {
-	o := f.off(layer, seq, pos)
+func (f *FlatCache) Store(layer, row int, k, v []float32) {
+	r := f.rows[row]
+	o := f.off(layer, r.seq, r.pos)
 	copy(f.k[o:o+f.kvd], k)
 	copy(f.v[o:o+f.kvd], v)
 }
 
-// Attend implements KVCache.
-func (f *FlatCache) Attend(layer int, seq, n int32, q, out []float32, p AttnParams) {
+// Attend implements KVCache, one query at a time: the positions a query
+// sees are contiguous, so each head is one strided-row kernel call.
+func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 	hd := p.HeadDim
 	group := p.NHead / p.NKVHead
-	lo := 0
-	if p.Window > 0 && int(n) > p.Window {
-		lo = int(n) - p.Window
-	}
-	base := f.off(layer, seq, 0) + lo*f.kvd
-	n0 := int(n) - lo
-	scores := make([]float32, n0)
-	end := base + (n0-1)*f.kvd
-	for h := 0; h < p.NHead; h++ {
-		kh := (h / group) * hd
-		qh := q[h*hd : (h+1)*hd]
-		kernels.AttnScoresF32(scores, qh, f.k[base+kh:end+kh+hd], f.kvd)
-		kernels.ScaleF32(scores, p.Scale)
-		kernels.Softmax(scores)
-		oh := out[h*hd : (h+1)*hd]
-		clear(oh)
-		kernels.AttnMixF32(oh, scores, f.v[base+kh:end+kh+hd], f.kvd)
+	qd := p.NHead * hd
+	scores := make([]float32, f.rows[hi-1].pos+1)
+	for r := lo; r < hi; r++ {
+		n := int(f.rows[r].pos) + 1
+		start := 0
+		if p.Window > 0 && n > p.Window {
+			start = n - p.Window
+		}
+		base := f.off(layer, f.rows[r].seq, 0) + start*f.kvd
+		n0 := n - start
+		s := scores[:n0]
+		end := base + (n0-1)*f.kvd
+		qr, or := q[(r-lo)*qd:(r-lo+1)*qd], out[(r-lo)*qd:(r-lo+1)*qd]
+		for h := 0; h < p.NHead; h++ {
+			kh := (h / group) * hd
+			kernels.AttnScoresF32(s, qr[h*hd:(h+1)*hd], f.k[base+kh:end+kh+hd], f.kvd)
+			kernels.ScaleF32(s, p.Scale)
+			kernels.Softmax(s)
+			oh := or[h*hd : (h+1)*hd]
+			clear(oh)
+			kernels.AttnMixF32(oh, s, f.v[base+kh:end+kh+hd], f.kvd)
+		}
 	}
 }
 
 // ParallelAttend reports that Attend may run concurrently for different
-// tokens once their K/V are stored.
+// rows once their K/V are stored.
 func (f *FlatCache) ParallelAttend() bool { return true }

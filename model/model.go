@@ -126,12 +126,8 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 			return nil, fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], c.ContextLen)
 		}
 	}
-	if ck, ok := kv.(interface{ CheckPos(seq, pos int32) error }); ok {
-		for i := range b.Tokens {
-			if err := ck.CheckPos(b.Seq[i], b.Pos[i]); err != nil {
-				return nil, fmt.Errorf("model: %w", err)
-			}
-		}
+	if err := kv.Begin(b); err != nil {
+		return nil, fmt.Errorf("model: %w", err)
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -1,0 +1,262 @@
+package kvcache
+
+import (
+	"fmt"
+
+	"pagoda/kernels"
+	"pagoda/model"
+)
+
+// step is what Begin prepares for one forward pass, so Store and Attend
+// touch no map and ask no policy per token and layer.
+type step struct {
+	rows []stepRow
+	seqs []stepSeq
+	vis  []groupVis // per layer group
+}
+
+type stepRow struct {
+	pos, seq   int32 // seq indexes step.seqs
+	page, slot int32 // where Store writes the row
+}
+
+type stepSeq struct {
+	id      int32
+	blocks  []int32 // the block table, holes released
+	maxHole int     // highest released logical block, -1 for none
+}
+
+// groupVis is what the group's policy lets each row attend: the spans of
+// row r are spans[off[r]:off[r+1]].
+type groupVis struct {
+	off   []int32
+	spans []Span
+}
+
+// Begin implements model.KVCache: it resolves every row's slot through the
+// block tables and asks each group's policy what every row attends, and
+// reports an error for a row the engine allocated no slot for or whose
+// block a policy released.
+func (c *Cache) Begin(b *model.Batch) error {
+	st := &c.step
+	st.rows, st.seqs = st.rows[:0], st.seqs[:0]
+	for i, pos := range b.Pos {
+		seq := b.Seq[i]
+		if len(st.seqs) == 0 || st.seqs[len(st.seqs)-1].id != seq {
+			t := c.tables[seq]
+			if t == nil {
+				return fmt.Errorf("kvcache: sequence %d has no blocks", seq)
+			}
+			s := stepSeq{id: seq, blocks: t.blocks, maxHole: -1}
+			for j := len(t.blocks) - 1; j >= 0 && t.holes > 0; j-- {
+				if t.blocks[j] == released {
+					s.maxHole = j
+					break
+				}
+			}
+			st.seqs = append(st.seqs, s)
+		}
+		s := &st.seqs[len(st.seqs)-1]
+		blk := int(pos) / c.bs
+		if pos < 0 || blk >= len(s.blocks) {
+			return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(s.blocks))
+		}
+		if s.blocks[blk] == released {
+			return fmt.Errorf("kvcache: sequence %d position %d is in a block released by the cache policy", seq, pos)
+		}
+		st.rows = append(st.rows, stepRow{pos: pos, seq: int32(len(st.seqs) - 1), page: s.blocks[blk], slot: int32(int(pos) % c.bs)})
+	}
+	if len(st.vis) != len(c.groups) {
+		st.vis = make([]groupVis, len(c.groups))
+	}
+	for gi, g := range c.groups {
+		v := &st.vis[gi]
+		v.off, v.spans = append(v.off[:0], 0), v.spans[:0]
+		for _, r := range st.rows {
+			n := len(v.spans)
+			v.spans = g.Policy.Visible(st.seqs[r.seq].id, int(r.pos), v.spans)
+			for k, s := range v.spans[n:] {
+				if s.From < 0 || s.To > int(r.pos)+1 || s.From >= s.To || (k > 0 && s.From < v.spans[n+k-1].To) {
+					return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", g.Policy, r.pos, st.seqs[r.seq].id, s)
+				}
+			}
+			v.off = append(v.off, int32(len(v.spans)))
+		}
+	}
+	return nil
+}
+
+// Store implements model.KVCache.
+func (c *Cache) Store(layer, row int, k, v []float32) {
+	r := &c.step.rows[row]
+	ls := &c.layers[layer]
+	ls.k.Put(int(r.page), int(r.slot), k)
+	if ls.v != nil {
+		ls.v.Put(int(r.page), int(r.slot), v)
+	}
+}
+
+// attnScratch is one Attend call's working memory, from a sync.Pool.
+type attnScratch struct {
+	spans                   []Span // each query's spans, clipped to the model's window
+	so                      []int  // query i's spans are spans[so[i]:so[i+1]]
+	ln, base, cur, col, pos []int  // per query: visible positions, score offset, walk state, position
+	scores                  []float32
+}
+
+// Attend implements model.KVCache with a two-pass softmax over the rows
+// [lo, hi) of one sequence: for each KV head, every page the queries see
+// is read once for all of them and all heads of the GQA group, scores
+// first, then the weighted values. A query's result does not depend on
+// the other queries in the call: pages are visited in position order and
+// split at the same places whatever the chunk.
+func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) {
+	st := &c.step
+	ls := &c.layers[layer]
+	gi := ls.group
+	g := &c.groups[gi]
+	vp, vd := ls.v, g.VDim
+	if vp == nil {
+		vp, vd = ls.k, g.KDim
+	}
+	if p.NKVHead != g.NKVHead || p.HeadDim != g.KDim || p.NHead%p.NKVHead != 0 {
+		panic(fmt.Sprintf("kvcache: attention of %d heads over %d kv heads of %d on layer %d, stored as %d kv heads of %d",
+			p.NHead, p.NKVHead, p.HeadDim, layer, g.NKVHead, g.KDim))
+	}
+	sq := &st.seqs[st.rows[lo].seq]
+	sc, _ := c.scratch.Get().(*attnScratch)
+	if sc == nil {
+		sc = new(attnScratch)
+	}
+	defer c.scratch.Put(sc)
+	group, n := p.NHead/p.NKVHead, hi-lo
+	total := c.clip(sc, sq, gi, lo, hi, p.Window, group)
+	if cap(sc.scores) < total {
+		sc.scores = make([]float32, total)
+	}
+	scores := sc.scores[:total]
+	obs, _ := g.Policy.(ScoreObserver)
+	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
+	for kh := 0; kh < p.NKVHead; kh++ {
+		c.walk(sc, sq, n, func(i, page, from, to, col int) {
+			qi := q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
+			ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qi, page, kh, from, to)
+		})
+		for i := 0; i < n; i++ {
+			L := sc.ln[i]
+			for j := 0; j < group; j++ {
+				clear(out[i*od+(kh*group+j)*vd : i*od+(kh*group+j+1)*vd])
+				if L == 0 {
+					continue
+				}
+				row := scores[sc.base[i]+j*L : sc.base[i]+(j+1)*L]
+				kernels.ScaleF32(row, p.Scale)
+				kernels.Softmax(row)
+				if obs != nil {
+					obs.ObserveScores(layer, sq.id, sc.pos[i], kh*group+j, sc.spans[sc.so[i]:sc.so[i+1]], row)
+				}
+			}
+		}
+		c.walk(sc, sq, n, func(i, page, from, to, col int) {
+			oi := out[i*od+kh*group*vd : i*od+(kh+1)*group*vd]
+			vp.Mix(oi, scores[sc.base[i]+col:], sc.ln[i], page, kh, from, to)
+		})
+	}
+}
+
+// clip fills sc with the spans of rows [lo, hi) that group gi's policy
+// and the model's window both let each query see, and returns the scores
+// the call needs: visible positions times the GQA group, over all queries.
+func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int) int {
+	st, vis := &c.step, &c.step.vis[gi]
+	sc.spans, sc.so, sc.ln, sc.base, sc.pos = sc.spans[:0], sc.so[:0], sc.ln[:0], sc.base[:0], sc.pos[:0]
+	total := 0
+	for r := lo; r < hi; r++ {
+		if st.seqs[st.rows[r].seq].id != sq.id {
+			panic(fmt.Sprintf("kvcache: attend over rows %d..%d of sequences %d and %d", lo, hi, sq.id, st.seqs[st.rows[r].seq].id))
+		}
+		pos := int(st.rows[r].pos)
+		wlo := 0
+		if window > 0 {
+			wlo = max(0, pos+1-window)
+		}
+		// A window wider than the cache policy's (or none) would read
+		// blocks the cache has handed to someone else: wrong output,
+		// silently, unless the policy drops positions on purpose.
+		if !c.lossy[gi] && sq.maxHole >= wlo/c.bs {
+			for b := wlo / c.bs; b <= min(sq.maxHole, pos/c.bs); b++ {
+				if sq.blocks[b] == released {
+					panic(fmt.Sprintf("kvcache: attend from position %d of sequence %d with window %d reads position %d, released by the cache policy %v",
+						pos, sq.id, window, b*c.bs, c.groups[gi].Policy))
+				}
+			}
+		}
+		sc.so = append(sc.so, len(sc.spans))
+		L := 0
+		for _, s := range vis.spans[vis.off[r]:vis.off[r+1]] {
+			if a := max(s.From, wlo); a < s.To {
+				sc.spans = append(sc.spans, Span{a, s.To})
+				L += s.To - a
+			}
+		}
+		sc.ln, sc.base, sc.pos = append(sc.ln, L), append(sc.base, total), append(sc.pos, pos)
+		total += group * L
+	}
+	sc.so = append(sc.so, len(sc.spans))
+	return total
+}
+
+// walk calls fn for every page and query that sees part of it, pages in
+// position order outermost, so a page is read once for all the queries:
+// fn(i, page, from, to, col) covers slots [from, to) of physical page
+// page, which are positions col.. of query i's visible positions.
+func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, page, from, to, col int)) {
+	first, last := -1, -1
+	sc.cur, sc.col = sc.cur[:0], sc.col[:0]
+	for i := 0; i < n; i++ {
+		sc.cur, sc.col = append(sc.cur, sc.so[i]), append(sc.col, 0)
+		if a, b := sc.so[i], sc.so[i+1]; a < b {
+			if f := sc.spans[a].From / c.bs; first < 0 || f < first {
+				first = f
+			}
+			last = max(last, (sc.spans[b-1].To-1)/c.bs)
+		}
+	}
+	if first < 0 {
+		return
+	}
+	for j := first; j <= last; j++ {
+		pLo, pHi := j*c.bs, (j+1)*c.bs
+		page := -2
+		for i := 0; i < n; i++ {
+			for sc.cur[i] < sc.so[i+1] {
+				s := sc.spans[sc.cur[i]]
+				if s.From >= pHi {
+					break
+				}
+				a, e := max(s.From, pLo), min(s.To, pHi)
+				if a < e {
+					if page == -2 {
+						page = int(sq.blocks[j])
+						if page == released {
+							panic(fmt.Sprintf("kvcache: sequence %d attends position %d, in a block its policy released", sq.id, a))
+						}
+					}
+					fn(i, page, a-pLo, e-pLo, sc.col[i])
+					sc.col[i] += e - a
+				}
+				if s.To > pHi {
+					break
+				}
+				sc.cur[i]++
+			}
+		}
+	}
+}
+
+var _ model.KVCache = (*Cache)(nil)
+
+// ParallelAttend tells the model that Attend may run concurrently for
+// different rows once their K/V are stored: it reads the prepared step and
+// the storage only, and its scratch comes from a sync.Pool.
+func (c *Cache) ParallelAttend() bool { return true }

@@ -1,0 +1,89 @@
+package kvcache
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"pagoda/model"
+)
+
+// TinyLlama's attention shape: 32 query heads over 4 KV heads of 64.
+var benchAttn = model.AttnParams{NHead: 32, NKVHead: 4, HeadDim: 64, Scale: 0.125}
+
+// benchCache fills seqs sequences of ctx positions with random K/V.
+func benchCache(b *testing.B, seqs, ctx int) *Cache {
+	p := benchAttn
+	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, NumBlocks: seqs * (ctx/DefaultBlockSize + 1), DType: F16})
+	if err != nil {
+		b.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(1, 1))
+	k, v := make([]float32, p.NKVHead*p.HeadDim), make([]float32, p.NKVHead*p.HeadDim)
+	for s := int32(0); s < int32(seqs); s++ {
+		if !c.Allocate(s, nil, 0, ctx) {
+			b.Fatal("allocate")
+		}
+		for pos := int32(0); pos < int32(ctx); pos++ {
+			for i := range k {
+				k[i], v[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
+			}
+			storeTok(c, 0, s, pos, k, v)
+		}
+	}
+	return c
+}
+
+func benchQ(n int) []float32 {
+	r := rand.New(rand.NewPCG(2, 2))
+	q := make([]float32, n*benchAttn.NHead*benchAttn.HeadDim)
+	for i := range q {
+		q[i] = float32(r.NormFloat64())
+	}
+	return q
+}
+
+// BenchmarkAttendDecode is one decode step of 8 sequences at context 512,
+// one thread: the paged f16 attention alone (Begin included).
+func BenchmarkAttendDecode(b *testing.B) {
+	const seqs, ctx = 8, 512
+	c := benchCache(b, seqs, ctx)
+	qd := benchAttn.NHead * benchAttn.HeadDim
+	q, out := benchQ(seqs), make([]float32, seqs*qd)
+	batch := &model.Batch{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs)}
+	for s := range batch.Seq {
+		batch.Seq[s], batch.Pos[s] = int32(s), ctx-1
+	}
+	b.ResetTimer()
+	for it := 0; it < b.N; it++ {
+		if err := c.Begin(batch); err != nil {
+			b.Fatal(err)
+		}
+		for s := 0; s < seqs; s++ {
+			c.Attend(0, s, s+1, q[s*qd:(s+1)*qd], out[s*qd:(s+1)*qd], benchAttn)
+		}
+	}
+	b.ReportMetric(float64(b.N)*seqs*ctx/b.Elapsed().Seconds(), "pos/s")
+}
+
+// BenchmarkAttendPrefill is the causal attention of one 512-token prefill
+// chunk, one thread, in the model's pieces of 16 queries.
+func BenchmarkAttendPrefill(b *testing.B) {
+	const ctx, piece = 512, 16
+	c := benchCache(b, 1, ctx)
+	qd := benchAttn.NHead * benchAttn.HeadDim
+	q, out := benchQ(ctx), make([]float32, ctx*qd)
+	batch := &model.Batch{Tokens: make([]int32, ctx), Pos: make([]int32, ctx), Seq: make([]int32, ctx)}
+	for i := range batch.Pos {
+		batch.Pos[i] = int32(i)
+	}
+	b.ResetTimer()
+	for it := 0; it < b.N; it++ {
+		if err := c.Begin(batch); err != nil {
+			b.Fatal(err)
+		}
+		for lo := 0; lo < ctx; lo += piece {
+			c.Attend(0, lo, lo+piece, q[lo*qd:(lo+piece)*qd], out[lo*qd:(lo+piece)*qd], benchAttn)
+		}
+	}
+	b.ReportMetric(float64(b.N)*ctx*(ctx+1)/2/b.Elapsed().Seconds(), "pos/s")
+}

@@ -1,0 +1,171 @@
+package kvcache
+
+import (
+	"fmt"
+
+	"pagoda/kernels"
+)
+
+// Format is how a layer group stores its K (or V) rows: the bytes a token
+// takes, and the page storage that computes over them. F32, F16 and BF16
+// are formats; a quantized one (q8_0, KIVI) keeps its scales as per-page
+// metadata inside the Pages it makes.
+type Format interface {
+	String() string
+	// RowBytes is the storage of one token's row: heads vectors of dim.
+	RowBytes(heads, dim int) int
+	// PageMetaBytes is the storage a page of tokens rows needs beyond its
+	// rows (scales, zero points; 0 for plain floats).
+	PageMetaBytes(tokens, heads, dim int) int
+	// NewPages allocates n pages of tokens rows each.
+	NewPages(n, tokens, heads, dim int) Pages
+}
+
+// Pages is the storage of one layer's K or V rows, page by page, and the
+// attention arithmetic over it. The cache calls it once per page and KV
+// head, never per position, so the element type is chosen once per page.
+type Pages interface {
+	// Put stores row (heads·dim floats) as token slot of page.
+	Put(page, slot int, row []float32)
+	// Scores sets s[j·ss+t-from] = q_j·k_t for the query vectors q_j of q
+	// (dim floats each: the heads of a GQA group, consecutive) and the
+	// tokens t in [from, to) of page, KV head head.
+	Scores(s []float32, ss int, q []float32, page, head, from, to int)
+	// Mix adds Σ_t w[j·ws+t-from]·v_t to out_j (dim floats each) over the
+	// tokens t in [from, to) of page, KV head head.
+	Mix(out, w []float32, ws int, page, head, from, to int)
+	// CopyPage copies page src, metadata included, over page dst.
+	CopyPage(dst, src int)
+}
+
+// RowBytes implements Format.
+func (d DType) RowBytes(heads, dim int) int { return heads * dim * d.Size() }
+
+// PageMetaBytes implements Format: plain floats need none.
+func (d DType) PageMetaBytes(tokens, heads, dim int) int { return 0 }
+
+// NewPages implements Format.
+func (d DType) NewPages(n, tokens, heads, dim int) Pages {
+	g := pageGeom{dim: dim, rowLen: heads * dim, pageLen: tokens * heads * dim}
+	switch d {
+	case F32:
+		p := &f32Pages{pageGeom: g, data: make([]float32, n*g.pageLen),
+			scores: kernels.AttnScoresF32, mix: kernels.AttnMixF32}
+		if !rowKernels() {
+			p.scores, p.mix = dotRows(kernels.DotF32), axpyRows(kernels.AxpyF32)
+		}
+		return p
+	case F16:
+		p := &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+			put: kernels.F32ToF16Row, scores: kernels.AttnScoresF16, mix: kernels.AttnMixF16}
+		if !rowKernels() {
+			p.scores, p.mix = dotRows(kernels.DotF16), axpyRows(kernels.AxpyF16)
+		}
+		return p
+	case BF16:
+		p := &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+			put: kernels.F32ToBF16Row, scores: kernels.AttnScoresBF16, mix: kernels.AttnMixBF16}
+		if !rowKernels() {
+			p.scores, p.mix = dotRows(kernels.DotBF16), axpyRows(kernels.AxpyBF16)
+		}
+		return p
+	}
+	panic(fmt.Sprintf("kvcache: no pages for %v", d))
+}
+
+// pageGeom locates rows in a flat array of pages: heads interleaved in a
+// token's row, so one head's rows sit rowLen apart.
+type pageGeom struct{ dim, rowLen, pageLen int }
+
+// rows is the element range holding head's rows [from, to) of page.
+func (g *pageGeom) rows(page, head, from, to int) (lo, hi int) {
+	lo = page*g.pageLen + from*g.rowLen + head*g.dim
+	return lo, lo + (to-from-1)*g.rowLen + g.dim
+}
+
+type f32Pages struct {
+	pageGeom
+	data   []float32
+	scores func(s, q, k []float32, stride int)
+	mix    func(out, w, v []float32, stride int)
+}
+
+func (p *f32Pages) Put(page, slot int, row []float32) {
+	o := page*p.pageLen + slot*p.rowLen
+	copy(p.data[o:o+p.rowLen], row[:p.rowLen])
+}
+
+func (p *f32Pages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
+	lo, hi := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(q); j++ {
+		p.scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
+	}
+}
+
+func (p *f32Pages) Mix(out, w []float32, ws int, page, head, from, to int) {
+	lo, hi := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(out); j++ {
+		p.mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
+	}
+}
+
+func (p *f32Pages) CopyPage(dst, src int) {
+	copy(p.data[dst*p.pageLen:(dst+1)*p.pageLen], p.data[src*p.pageLen:(src+1)*p.pageLen])
+}
+
+// halfPages stores f16 or bf16; the kernels are picked at construction so
+// the page loop has no dtype switch.
+type halfPages struct {
+	pageGeom
+	data   []uint16
+	put    func(dst []uint16, src []float32)
+	scores func(s, q []float32, k []uint16, stride int)
+	mix    func(out, w []float32, v []uint16, stride int)
+}
+
+func (p *halfPages) Put(page, slot int, row []float32) {
+	o := page*p.pageLen + slot*p.rowLen
+	p.put(p.data[o:o+p.rowLen], row[:p.rowLen])
+}
+
+func (p *halfPages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
+	lo, hi := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(q); j++ {
+		p.scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
+	}
+}
+
+func (p *halfPages) Mix(out, w []float32, ws int, page, head, from, to int) {
+	lo, hi := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(out); j++ {
+		p.mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
+	}
+}
+
+func (p *halfPages) CopyPage(dst, src int) {
+	copy(p.data[dst*p.pageLen:(dst+1)*p.pageLen], p.data[src*p.pageLen:(src+1)*p.pageLen])
+}
+
+// rowKernels reports whether the strided-row kernels have a SIMD form on
+// this CPU. Where they do not (AVX2 today) they are the plain Go
+// references, and a loop over the per-row SIMD dot and axpy is an order of
+// magnitude faster.
+func rowKernels() bool { return kernels.ISA() == "avx512" }
+
+// dotRows is the strided-row score kernel as a loop of dot products.
+func dotRows[E float32 | uint16](dot func([]float32, []E) float32) func(s, q []float32, k []E, stride int) {
+	return func(s, q []float32, k []E, stride int) {
+		for t := range s {
+			s[t] = dot(q, k[t*stride:t*stride+len(q)])
+		}
+	}
+}
+
+// axpyRows is the strided-row mix kernel as a loop of axpys.
+func axpyRows[E float32 | uint16](axpy func([]float32, float32, []E)) func(out, w []float32, v []E, stride int) {
+	return func(out, w []float32, v []E, stride int) {
+		for t, a := range w {
+			axpy(out, a, v[t*stride:t*stride+len(out)])
+		}
+	}
+}

@@ -1,0 +1,95 @@
+package kvcache
+
+// Span is a half-open range [From, To): positions of a sequence, or
+// logical block indices of its block table.
+type Span struct{ From, To int }
+
+// Policy decides, for one layer group, which cached positions a query
+// attends and which blocks a sequence may give back. Full attention and
+// the sliding window are policies; StreamingLLM's sinks, Quest's selected
+// blocks and H2O's heavy hitters fit the same seam. The cache asks it once
+// per step (Begin, Commit), never per layer or per position.
+type Policy interface {
+	// Visible appends to dst the positions a query at position pos of seq
+	// attends: ascending, disjoint spans inside [0, pos].
+	Visible(seq int32, pos int, dst []Span) []Span
+	// Release appends to dst the logical blocks of blockSize tokens that no
+	// query at position next or later of seq attends, so they may return
+	// to the pool. They need not be a prefix: sinks keep block 0.
+	Release(seq int32, next, blockSize int, dst []Span) []Span
+	// MaxBlocks bounds the blocks a sequence holds while computing a step
+	// of chunk tokens; 0 means no bound below the sequence's length.
+	MaxBlocks(chunk, blockSize int) int
+}
+
+// ScoreObserver is a Policy that reads attention weights (H2O accumulates
+// the mass each cached token receives). Attend calls it after the softmax
+// of every query and head, with the spans the weights cover, concurrently
+// from the pool's workers.
+type ScoreObserver interface {
+	Policy
+	ObserveScores(layer int, seq int32, pos, head int, spans []Span, weights []float32)
+}
+
+// Lossy is implemented by policies that drop positions the model attends
+// on purpose (sinks, Quest, H2O). For any other policy a query whose model
+// window reaches a released block is a configuration error, and Attend
+// panics rather than return silently different attention.
+type Lossy interface{ Lossy() bool }
+
+// FullPolicy attends every position and releases nothing.
+type FullPolicy struct{}
+
+// Visible implements Policy.
+func (FullPolicy) Visible(_ int32, pos int, dst []Span) []Span {
+	return append(dst, Span{0, pos + 1})
+}
+
+// Release implements Policy.
+func (FullPolicy) Release(_ int32, _, _ int, dst []Span) []Span { return dst }
+
+// MaxBlocks implements Policy.
+func (FullPolicy) MaxBlocks(_, _ int) int { return 0 }
+
+// WindowPolicy is Mistral's sliding window: a query sees its last W
+// positions, and a block whose positions no later query can see is
+// released as soon as the sequence has computed past it, so a sequence
+// holds about W/blockSize+1 blocks however long it grows.
+type WindowPolicy struct{ W int }
+
+// Visible implements Policy.
+func (p WindowPolicy) Visible(_ int32, pos int, dst []Span) []Span {
+	return append(dst, Span{max(0, pos+1-p.W), pos + 1})
+}
+
+// Release implements Policy: token p sees positions from p+1-W on, so
+// block i is dead once (i+1)·blockSize <= next+1-W.
+func (p WindowPolicy) Release(_ int32, next, blockSize int, dst []Span) []Span {
+	if n := (next + 1 - p.W) / blockSize; next+1-p.W > 0 && n > 0 {
+		dst = append(dst, Span{0, n})
+	}
+	return dst
+}
+
+// MaxBlocks implements Policy: live positions are [c+1-W, c+chunk) for a
+// step starting at c.
+func (p WindowPolicy) MaxBlocks(chunk, blockSize int) int {
+	return (p.W+chunk-2)/blockSize + 2
+}
+
+// intersect is the ranges in both a and b (each ascending and disjoint).
+func intersect(a, b []Span) []Span {
+	var out []Span
+	for i, j := 0, 0; i < len(a) && j < len(b); {
+		lo, hi := max(a[i].From, b[j].From), min(a[i].To, b[j].To)
+		if lo < hi {
+			out = append(out, Span{lo, hi})
+		}
+		if a[i].To < b[j].To {
+			i++
+		} else {
+			j++
+		}
+	}
+	return out
+}
