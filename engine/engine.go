@@ -10,6 +10,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"pagoda/kernels"
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/tokenizer"
@@ -51,6 +52,9 @@ type Config struct {
 	Static               bool // static batching baseline: a batch starts and finishes together
 
 	Registry *prometheus.Registry // where the vllm:* metrics go; nil = nowhere
+	// Ops computes attention in the KV cache (nil: kernels.Best()); the
+	// model's own set (model.Ops) keeps a reference model plain Go.
+	Ops *kernels.Ops
 }
 
 var (
@@ -187,7 +191,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	kcfg := kvcache.Config{
 		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
 		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
-		DType: cfg.KVDType, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow,
+		DType: cfg.KVDType, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
 	}
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
 		per := kvcache.KVBytesPerToken(kvcache.Shape{NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim}, cfg.KVDType)

@@ -11,6 +11,7 @@ func ModelConfig(m *model.Model, name string) Config {
 		NLayer:    c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
 		SlidingWindow: c.SlidingWindow,
+		Ops:           m.Ops(),
 	}
 }
 

@@ -62,7 +62,7 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 	if o.MaxTokens > 0 && o.MaxTokens < maxNew {
 		maxNew = o.MaxTokens
 	}
-	cache := model.NewFlatCache(c, 1, len(prompt)+maxNew)
+	cache := m.NewFlatCache(1, len(prompt)+maxNew)
 	logits, err := prefill(m, cache, prompt, o.PrefillChunk)
 	if err != nil {
 		return nil, err
@@ -188,7 +188,7 @@ func ScoreTokens(m *model.Model, tokens []int32, keepLogits bool, chunk int) (*S
 	if chunk <= 0 {
 		chunk = 512
 	}
-	cache := model.NewFlatCache(c, 1, len(tokens))
+	cache := m.NewFlatCache(1, len(tokens))
 	sc := &Score{}
 	lsm := make([]float32, c.VocabSize)
 	for lo := 0; lo < len(tokens); lo += chunk {

@@ -3,7 +3,6 @@ package kvcache
 import (
 	"fmt"
 
-	"pagoda/kernels"
 	"pagoda/model"
 )
 
@@ -150,8 +149,8 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 					continue
 				}
 				row := scores[sc.base[i]+j*L : sc.base[i]+(j+1)*L]
-				kernels.ScaleF32(row, p.Scale)
-				kernels.Softmax(row)
+				c.ops.ScaleF32(row, p.Scale)
+				c.ops.Softmax(row)
 				if obs != nil {
 					obs.ObserveScores(layer, sq.id, sc.pos[i], kh*group+j, sc.spans[sc.so[i]:sc.so[i+1]], row)
 				}

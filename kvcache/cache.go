@@ -5,6 +5,8 @@ import (
 	"math"
 	"strings"
 	"sync"
+
+	"pagoda/kernels"
 )
 
 // DType is the element type K and V are stored in.
@@ -71,6 +73,9 @@ type Config struct {
 	// Window/BlockSize+1 blocks however long it grows.
 	Window int
 	Groups []GroupSpec
+	// Ops computes the attention (nil: kernels.Best()); kernels.Generic()
+	// keeps a reference run in plain Go through the cache too.
+	Ops *kernels.Ops
 }
 
 // BlockBytes is the storage of one block over all layers, K and V.
@@ -118,6 +123,7 @@ type Cache struct {
 	groups []GroupSpec
 	layers []layerStore
 	lossy  []bool // per group: its policy drops positions on purpose
+	ops    *kernels.Ops
 
 	step    step // the batch Begin prepared
 	scratch sync.Pool
@@ -165,6 +171,10 @@ func New(cfg Config) (*Cache, error) {
 		groups: groups,
 		layers: make([]layerStore, len(layerGroup)),
 		lossy:  make([]bool, len(groups)),
+		ops:    cfg.Ops,
+	}
+	if c.ops == nil {
+		c.ops = kernels.Best()
 	}
 	for gi, g := range groups {
 		if int64(cfg.NumBlocks)*int64(c.bs*g.NKVHead*max(g.KDim, g.VDim)) > math.MaxInt32*8 {
@@ -176,9 +186,9 @@ func New(cfg Config) (*Cache, error) {
 		for _, l := range g.Layers {
 			ls := &c.layers[l]
 			ls.group = gi
-			ls.k = g.KFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.KDim)
+			ls.k = g.KFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.KDim, c.ops)
 			if g.VDim > 0 {
-				ls.v = g.VFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.VDim)
+				ls.v = g.VFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.VDim, c.ops)
 			}
 		}
 	}

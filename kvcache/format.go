@@ -17,8 +17,8 @@ type Format interface {
 	// PageMetaBytes is the storage a page of tokens rows needs beyond its
 	// rows (scales, zero points; 0 for plain floats).
 	PageMetaBytes(tokens, heads, dim int) int
-	// NewPages allocates n pages of tokens rows each.
-	NewPages(n, tokens, heads, dim int) Pages
+	// NewPages allocates n pages of tokens rows each, computing with ops.
+	NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
 }
 
 // Pages is the storage of one layer's K or V rows, page by page, and the
@@ -45,30 +45,18 @@ func (d DType) RowBytes(heads, dim int) int { return heads * dim * d.Size() }
 func (d DType) PageMetaBytes(tokens, heads, dim int) int { return 0 }
 
 // NewPages implements Format.
-func (d DType) NewPages(n, tokens, heads, dim int) Pages {
+func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
 	g := pageGeom{dim: dim, rowLen: heads * dim, pageLen: tokens * heads * dim}
 	switch d {
 	case F32:
-		p := &f32Pages{pageGeom: g, data: make([]float32, n*g.pageLen),
-			scores: kernels.AttnScoresF32, mix: kernels.AttnMixF32}
-		if !rowKernels() {
-			p.scores, p.mix = dotRows(kernels.DotF32), axpyRows(kernels.AxpyF32)
-		}
-		return p
+		return &f32Pages{pageGeom: g, data: make([]float32, n*g.pageLen),
+			scores: ops.AttnScoresF32, mix: ops.AttnMixF32}
 	case F16:
-		p := &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
-			put: kernels.F32ToF16Row, scores: kernels.AttnScoresF16, mix: kernels.AttnMixF16}
-		if !rowKernels() {
-			p.scores, p.mix = dotRows(kernels.DotF16), axpyRows(kernels.AxpyF16)
-		}
-		return p
+		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+			put: ops.F32ToF16Row, scores: ops.AttnScoresF16, mix: ops.AttnMixF16}
 	case BF16:
-		p := &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
-			put: kernels.F32ToBF16Row, scores: kernels.AttnScoresBF16, mix: kernels.AttnMixBF16}
-		if !rowKernels() {
-			p.scores, p.mix = dotRows(kernels.DotBF16), axpyRows(kernels.AxpyBF16)
-		}
-		return p
+		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+			put: ops.F32ToBF16Row, scores: ops.AttnScoresBF16, mix: ops.AttnMixBF16}
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))
 }
@@ -144,28 +132,4 @@ func (p *halfPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 
 func (p *halfPages) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageLen:(dst+1)*p.pageLen], p.data[src*p.pageLen:(src+1)*p.pageLen])
-}
-
-// rowKernels reports whether the strided-row kernels have a SIMD form on
-// this CPU. Where they do not (AVX2 today) they are the plain Go
-// references, and a loop over the per-row SIMD dot and axpy is an order of
-// magnitude faster.
-func rowKernels() bool { return kernels.ISA() == "avx512" }
-
-// dotRows is the strided-row score kernel as a loop of dot products.
-func dotRows[E float32 | uint16](dot func([]float32, []E) float32) func(s, q []float32, k []E, stride int) {
-	return func(s, q []float32, k []E, stride int) {
-		for t := range s {
-			s[t] = dot(q, k[t*stride:t*stride+len(q)])
-		}
-	}
-}
-
-// axpyRows is the strided-row mix kernel as a loop of axpys.
-func axpyRows[E float32 | uint16](axpy func([]float32, float32, []E)) func(out, w []float32, v []E, stride int) {
-	return func(out, w []float32, v []E, stride int) {
-		for t, a := range w {
-			axpy(out, a, v[t*stride:t*stride+len(out)])
-		}
-	}
 }

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"testing"
 
+	"pagoda/kernels"
 	"pagoda/model"
 )
 
@@ -64,7 +65,7 @@ type int8Format struct{}
 func (int8Format) String() string                     { return "int8" }
 func (int8Format) RowBytes(heads, dim int) int        { return heads * dim }
 func (int8Format) PageMetaBytes(tokens, h, _ int) int { return 4 * tokens * h }
-func (int8Format) NewPages(n, tokens, heads, dim int) Pages {
+func (int8Format) NewPages(n, tokens, heads, dim int, _ *kernels.Ops) Pages {
 	return &int8Pages{tokens: tokens, heads: heads, dim: dim,
 		data: make([]int8, n*tokens*heads*dim), scale: make([]float32, n*tokens*heads)}
 }

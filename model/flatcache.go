@@ -14,16 +14,28 @@ type FlatCache struct {
 	nLayer, kvd, maxLen, seqs int
 	k, v                      []float32 // [seq][layer][pos][kvd]
 	rows                      []flatRow // the batch Begin prepared
+	ops                       *kernels.Ops
 }
 
 type flatRow struct{ seq, pos int32 }
 
-// NewFlatCache allocates seqs·maxLen positions for c.
+// NewFlatCache allocates seqs·maxLen positions for c, computing with the
+// best kernels.
 func NewFlatCache(c *Config, seqs, maxLen int) *FlatCache {
+	return newFlatCache(c, seqs, maxLen, kernels.Best())
+}
+
+// NewFlatCache is a flat cache for m that computes with m's kernels, so a
+// Reference model's attention runs in plain Go too.
+func (m *Model) NewFlatCache(seqs, maxLen int) *FlatCache {
+	return newFlatCache(&m.Config, seqs, maxLen, m.ops)
+}
+
+func newFlatCache(c *Config, seqs, maxLen int, ops *kernels.Ops) *FlatCache {
 	kvd := c.NKVHead * c.HeadDim
 	n := seqs * c.NLayer * maxLen * kvd
 	return &FlatCache{nLayer: c.NLayer, kvd: kvd, maxLen: maxLen, seqs: seqs,
-		k: make([]float32, n), v: make([]float32, n)}
+		k: make([]float32, n), v: make([]float32, n), ops: ops}
 }
 
 func (f *FlatCache) off(layer int, seq, pos int32) int {
@@ -75,12 +87,12 @@ func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 		qr, or := q[(r-lo)*qd:(r-lo+1)*qd], out[(r-lo)*qd:(r-lo+1)*qd]
 		for h := 0; h < p.NHead; h++ {
 			kh := (h / group) * hd
-			kernels.AttnScoresF32(s, qr[h*hd:(h+1)*hd], f.k[base+kh:end+kh+hd], f.kvd)
-			kernels.ScaleF32(s, p.Scale)
-			kernels.Softmax(s)
+			f.ops.AttnScoresF32(s, qr[h*hd:(h+1)*hd], f.k[base+kh:end+kh+hd], f.kvd)
+			f.ops.ScaleF32(s, p.Scale)
+			f.ops.Softmax(s)
 			oh := or[h*hd : (h+1)*hd]
 			clear(oh)
-			kernels.AttnMixF32(oh, s, f.v[base+kh:end+kh+hd], f.kvd)
+			f.ops.AttnMixF32(oh, s, f.v[base+kh:end+kh+hd], f.kvd)
 		}
 	}
 }
@@ -88,3 +100,6 @@ func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 // ParallelAttend reports that Attend may run concurrently for different
 // rows once their K/V are stored.
 func (f *FlatCache) ParallelAttend() bool { return true }
+
+// Ops is the kernel set the cache's attention runs on.
+func (f *FlatCache) Ops() *kernels.Ops { return f.ops }

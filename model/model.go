@@ -56,17 +56,19 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 		m.pool = kernels.NewPool(o.Threads)
 		m.ownPool = true
 	}
-	if !o.Reference {
-		// Repack into the SIMD layouts now, so the first request does not
-		// pay for it.
-		for _, mat := range w.Matrices() {
-			if mat != w.Embd || c.TiedOutput {
-				kernels.Prepack(m.pool, mat)
-			}
+	// Repack into the kernels' layouts now, so the first request does not
+	// pay for it (the plain Go set packs nothing).
+	for _, mat := range w.Matrices() {
+		if mat != w.Embd || c.TiedOutput {
+			m.ops.Prepack(m.pool, mat)
 		}
 	}
 	return m, nil
 }
+
+// Ops is the kernel set the model computes with: kernels.Generic() for a
+// Reference model. A KV cache built for the model should use the same.
+func (m *Model) Ops() *kernels.Ops { return m.ops }
 
 // Tokenizer is the model's tokenizer (nil when the checkpoint has none and
 // none was given).

@@ -67,3 +67,26 @@ func TestReferenceMatchesFast(t *testing.T) {
 		})
 	}
 }
+
+// TestReferenceCaches: the caches built for a Reference model compute with
+// the plain Go kernels, so no SIMD kernel hides in its attention.
+func TestReferenceCaches(t *testing.T) {
+	dir := testutil.Shared(t, "golden/models")
+	for _, reference := range []bool{false, true} {
+		m, err := model.Open(filepath.Join(dir, "g-llama-gqa.F32.gguf"), model.Options{Threads: 1, Reference: reference})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := kernels.Best()
+		if reference {
+			want = kernels.Generic()
+		}
+		if m.Ops() != want {
+			t.Errorf("reference %v: model computes with %s, want %s", reference, m.Ops().Name(), want.Name())
+		}
+		if got := m.NewFlatCache(1, 4).Ops(); got != want {
+			t.Errorf("reference %v: flat cache computes with %s, want %s", reference, got.Name(), want.Name())
+		}
+		m.Close()
+	}
+}

@@ -69,7 +69,7 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 		toks[i] = int32(rng.IntN(c.VocabSize))
 	}
 	once := func() (time.Duration, error) {
-		cache := model.NewFlatCache(c, 1, t.N)
+		cache := m.NewFlatCache(1, t.N)
 		start := time.Now()
 		switch t.Kind {
 		case "pp":
