@@ -99,7 +99,9 @@ func (c *Cache) Store(layer, row int, k, v []float32) {
 type attnScratch struct {
 	spans                   []Span // each query's spans, clipped to the model's window
 	so                      []int  // query i's spans are spans[so[i]:so[i+1]]
-	ln, base, cur, col, pos []int  // per query: visible positions, score offset, walk state, position
+	all                     []Span // spans before a PageSelector narrowed them
+	allSo                   []int
+	ln, base, cur, col, pos []int // per query: visible positions, score offset, walk state, position
 	scores                  []float32
 }
 
@@ -135,8 +137,17 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 	}
 	scores := sc.scores[:total]
 	obs, _ := g.Policy.(ScoreObserver)
+	sel, _ := g.Policy.(PageSelector)
+	if sel != nil {
+		sc.all, sc.allSo = append(sc.all[:0], sc.spans...), append(sc.allSo[:0], sc.so...)
+	}
 	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
 	for kh := 0; kh < p.NKVHead; kh++ {
+		if sel != nil {
+			c.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
+				return q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
+			}, n, group)
+		}
 		c.walk(sc, sq, n, func(i, page, from, to, col int) {
 			qi := q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
 			ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qi, page, kh, from, to)
@@ -203,6 +214,39 @@ func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int
 	}
 	sc.so = append(sc.so, len(sc.spans))
 	return total
+}
+
+// selectSpans narrows every query's spans to what sel reads for KV head
+// kh, recomputing the score layout; it only ever shrinks what clip sized.
+func (c *Cache) selectSpans(sc *attnScratch, sel PageSelector, layer int, seq int32, kh int, qOf func(int) []float32, n, group int) {
+	sc.spans, sc.so = sc.spans[:0], sc.so[:0]
+	total := 0
+	for i := 0; i < n; i++ {
+		sc.so = append(sc.so, len(sc.spans))
+		all := sc.all[sc.allSo[i]:sc.allSo[i+1]]
+		k := len(sc.spans)
+		sc.spans = sel.Select(layer, seq, sc.pos[i], kh, qOf(i), all, sc.spans)
+		L := 0
+		for j, s := range sc.spans[k:] {
+			if s.From >= s.To || (j > 0 && s.From < sc.spans[k+j-1].To) || !inside(s, all) {
+				panic(fmt.Sprintf("kvcache: policy %T selects %v for position %d of sequence %d, outside %v", sel, s, sc.pos[i], seq, all))
+			}
+			L += s.To - s.From
+		}
+		sc.ln[i], sc.base[i] = L, total
+		total += group * L
+	}
+	sc.so = append(sc.so, len(sc.spans))
+}
+
+// inside says whether s lies within one of the spans of all.
+func inside(s Span, all []Span) bool {
+	for _, a := range all {
+		if a.From <= s.From && s.To <= a.To {
+			return true
+		}
+	}
+	return false
 }
 
 // walk calls fn for every page and query that sees part of it, pages in

@@ -597,3 +597,37 @@ func (c *Cache) Truncate(seq int32, n int) {
 	}
 	t.filled = n
 }
+
+// MapKeys rewrites the stored keys of positions [from, to) of seq in every
+// layer: fn edits each key row (all KV heads, as float32) in place and the
+// format stores it back, requantizing where it quantizes. Keys are stored
+// with RoPE applied, so this is how kept keys move to new positions
+// (llama.cpp's context shift: RoPE at p-d is RoPE by -d of RoPE at p).
+// Released positions are skipped. Call it between forward passes; a block
+// shared with another sequence or registered in the prefix cache is
+// rewritten for every holder, so the caller must own it alone.
+func (c *Cache) MapKeys(seq int32, from, to int, fn func(layer, pos int, k []float32)) error {
+	t := c.tables[seq]
+	if t == nil {
+		return fmt.Errorf("kvcache: sequence %d has no blocks", seq)
+	}
+	if from < 0 || to > t.filled || from > to {
+		return fmt.Errorf("kvcache: positions [%d, %d) outside the %d of sequence %d", from, to, t.filled, seq)
+	}
+	var row []float32
+	for l := range c.layers {
+		ls := &c.layers[l]
+		g := &c.groups[ls.group]
+		row = append(row[:0], make([]float32, g.NKVHead*g.KDim)...)
+		for pos := from; pos < to; pos++ {
+			id := t.blocks[pos/c.bs]
+			if id == released {
+				continue
+			}
+			ls.k.Get(int(id), pos%c.bs, row)
+			fn(l, pos, row)
+			ls.k.Put(int(id), pos%c.bs, row)
+		}
+	}
+	return nil
+}

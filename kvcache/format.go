@@ -27,6 +27,10 @@ type Format interface {
 type Pages interface {
 	// Put stores row (heads·dim floats) as token slot of page.
 	Put(page, slot int, row []float32)
+	// Get reads token slot of page back into row (heads·dim floats), as
+	// the format stores it: keys re-rotated to new positions and
+	// evaluation read through it.
+	Get(page, slot int, row []float32)
 	// Scores sets s[j·ss+t-from] = q_j·k_t for the query vectors q_j of q
 	// (dim floats each: the heads of a GQA group, consecutive) and the
 	// tokens t in [from, to) of page, KV head head.
@@ -53,10 +57,10 @@ func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
 			scores: ops.AttnScoresF32, mix: ops.AttnMixF32}
 	case F16:
 		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
-			put: ops.F32ToF16Row, scores: ops.AttnScoresF16, mix: ops.AttnMixF16}
+			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresF16, mix: ops.AttnMixF16}
 	case BF16:
 		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
-			put: ops.F32ToBF16Row, scores: ops.AttnScoresBF16, mix: ops.AttnMixBF16}
+			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresBF16, mix: ops.AttnMixBF16}
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))
 }
@@ -83,6 +87,11 @@ func (p *f32Pages) Put(page, slot int, row []float32) {
 	copy(p.data[o:o+p.rowLen], row[:p.rowLen])
 }
 
+func (p *f32Pages) Get(page, slot int, row []float32) {
+	o := page*p.pageLen + slot*p.rowLen
+	copy(row[:p.rowLen], p.data[o:o+p.rowLen])
+}
+
 func (p *f32Pages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
 	lo, hi := p.rows(page, head, from, to)
 	for j := 0; j*p.dim < len(q); j++ {
@@ -107,6 +116,7 @@ type halfPages struct {
 	pageGeom
 	data   []uint16
 	put    func(dst []uint16, src []float32)
+	get    func(dst []float32, src []uint16)
 	scores func(s, q []float32, k []uint16, stride int)
 	mix    func(out, w []float32, v []uint16, stride int)
 }
@@ -114,6 +124,11 @@ type halfPages struct {
 func (p *halfPages) Put(page, slot int, row []float32) {
 	o := page*p.pageLen + slot*p.rowLen
 	p.put(p.data[o:o+p.rowLen], row[:p.rowLen])
+}
+
+func (p *halfPages) Get(page, slot int, row []float32) {
+	o := page*p.pageLen + slot*p.rowLen
+	p.get(row[:p.rowLen], p.data[o:o+p.rowLen])
 }
 
 func (p *halfPages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {

@@ -31,6 +31,21 @@ type ScoreObserver interface {
 	ObserveScores(layer int, seq int32, pos, head int, spans []Span, weights []float32)
 }
 
+// PageSelector is a Policy that chooses, per query and KV head, which of
+// the positions it lets the query see are actually read, from the query
+// itself and before any page is touched (Quest ranks pages by an upper
+// bound of q·k from per-page key minima and maxima). Attend calls Select
+// concurrently from the pool's workers.
+type PageSelector interface {
+	Policy
+	// Select appends to dst the parts of spans (ascending, disjoint: what
+	// Visible allowed, clipped to the model's window) that the query at
+	// position pos reads for KV head kvHead; q holds the query vectors of
+	// that head's GQA group. The result must be ascending, disjoint and
+	// inside spans.
+	Select(layer int, seq int32, pos, kvHead int, q []float32, spans, dst []Span) []Span
+}
+
 // Lossy is implemented by policies that drop positions the model attends
 // on purpose (sinks, Quest, H2O). For any other policy a query whose model
 // window reaches a released block is a configuration error, and Attend

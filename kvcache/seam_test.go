@@ -1,9 +1,12 @@
 package kvcache
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
+	"sort"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"pagoda/kernels"
@@ -117,6 +120,15 @@ func (p *int8Pages) Mix(out, w []float32, ws int, page, head, from, to int) {
 			for e, v := range p.data[i*p.dim : (i+1)*p.dim] {
 				out[j*p.dim+e] += a * float32(v)
 			}
+		}
+	}
+}
+
+func (p *int8Pages) Get(page, slot int, row []float32) {
+	for h := 0; h < p.heads; h++ {
+		i := p.at(page, slot, h)
+		for e, v := range p.data[i*p.dim : (i+1)*p.dim] {
+			row[h*p.dim+e] = float32(v) * p.scale[i]
 		}
 	}
 }
@@ -379,5 +391,171 @@ func TestLayerGroups(t *testing.T) {
 	}
 	if _, err := New(Config{NumBlocks: 4, Groups: []GroupSpec{{Layers: []int{0, 2}, NKVHead: 1, KDim: 4}}}); err == nil {
 		t.Fatal("a layer in no group must be an error")
+	}
+}
+
+// topPages is an oracle Quest: for each query and KV head it reads only the
+// k blocks whose keys score highest against the query (the block holding
+// the query's own position always among them), choosing before any page
+// is read, from keys it was shown.
+type topPages struct {
+	FullPolicy
+	bs, k, kd int
+	keys      [][]float32
+	selected  atomic.Int64
+}
+
+func (p *topPages) Lossy() bool { return true }
+
+func (p *topPages) Select(_ int, _ int32, pos, kh int, q []float32, spans, dst []Span) []Span {
+	type cand struct {
+		blk   int
+		score float32
+	}
+	var cs []cand
+	for _, s := range spans {
+		for b := s.From / p.bs; b*p.bs < s.To; b++ {
+			best := float32(math.Inf(-1))
+			for t := max(s.From, b*p.bs); t < min(s.To, (b+1)*p.bs); t++ {
+				k := p.keys[t][kh*p.kd : (kh+1)*p.kd]
+				for j := 0; j*p.kd < len(q); j++ {
+					var d float32
+					for e := range k {
+						d += q[j*p.kd+e] * k[e]
+					}
+					best = max(best, d)
+				}
+			}
+			if b == pos/p.bs {
+				best = float32(math.Inf(1))
+			}
+			if len(cs) == 0 || cs[len(cs)-1].blk != b {
+				cs = append(cs, cand{b, best})
+			}
+		}
+	}
+	sort.SliceStable(cs, func(i, j int) bool { return cs[i].score > cs[j].score })
+	keep := map[int]bool{}
+	for _, c := range cs[:min(p.k, len(cs))] {
+		keep[c.blk] = true
+	}
+	p.selected.Add(1)
+	for _, s := range spans {
+		for b := s.From / p.bs; b*p.bs < s.To; b++ {
+			if keep[b] {
+				lo, hi := max(s.From, b*p.bs), min(s.To, (b+1)*p.bs)
+				if n := len(dst); n > 0 && dst[n-1].To == lo {
+					dst[n-1].To = hi
+				} else {
+					dst = append(dst, Span{lo, hi})
+				}
+			}
+		}
+	}
+	return dst
+}
+
+// TestPageSelector: a policy that picks pages from the query reads, per KV
+// head, exactly the positions it picked: each head's output equals
+// attention over those positions alone, and the choice differs by head.
+func TestPageSelector(t *testing.T) {
+	r := rand.New(rand.NewPCG(11, 4))
+	const bs, n, kd, group = 4, 37, 8, 2
+	p := model.AttnParams{NHead: 2 * group, NKVHead: 2, HeadDim: kd, Scale: 0.4}
+	var keys, vals, qs [][]float32
+	for i := 0; i < n; i++ {
+		keys, vals, qs = append(keys, randRow(r, 2*kd)), append(vals, randRow(r, 2*kd)), append(qs, randRow(r, 2*group*kd))
+	}
+	pol := &topPages{bs: bs, k: 3, kd: kd, keys: keys}
+	c, err := New(Config{BlockSize: bs, NumBlocks: 16,
+		Groups: []GroupSpec{{Layers: []int{0}, NKVHead: 2, KDim: kd, VDim: kd, KFormat: F32, VFormat: F32, Policy: pol}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Allocate(3, nil, 0, n)
+	got := prefill(t, c, []int{0}, 3, 0, n, keys, vals, qs, p, kd)
+	if want := int64(n * p.NKVHead); pol.selected.Load() != want {
+		t.Fatalf("Select called %d times, want %d (once per query and KV head)", pol.selected.Load(), want)
+	}
+	differ := false
+	for i := 0; i < n; i++ {
+		var picks [2][]int
+		for kh := 0; kh < 2; kh++ {
+			qh := qs[i][kh*group*kd : (kh+1)*group*kd]
+			for _, s := range pol.Select(0, 3, i, kh, qh, []Span{{0, i + 1}}, nil) {
+				for j := s.From; j < s.To; j++ {
+					picks[kh] = append(picks[kh], j)
+				}
+			}
+			hk, hv := make([][]float32, n), make([][]float32, n)
+			for j := range hk {
+				hk[j], hv[j] = keys[j][kh*kd:(kh+1)*kd], vals[j][kh*kd:(kh+1)*kd]
+			}
+			want := refAttend(hk, hv, picks[kh], qh, group, 1, kd, kd, p.Scale)
+			closeTo(t, "selected", got[i][kh*group*kd:(kh+1)*group*kd], want, 1e-5)
+		}
+		differ = differ || fmt.Sprint(picks[0]) != fmt.Sprint(picks[1])
+	}
+	if !differ {
+		t.Fatal("both KV heads read the same positions at every query: the test shows nothing per head")
+	}
+	c.Free(3)
+	mustCheck(t, c)
+}
+
+// TestMapKeysRepositions: keys stored with RoPE at position p and rotated
+// by d through MapKeys attend exactly as keys stored at p+d (the context
+// shift StreamingLLM's llama.cpp mode needs), in f32 and through a
+// quantized format's requantization.
+func TestMapKeysRepositions(t *testing.T) {
+	r := rand.New(rand.NewPCG(21, 2))
+	const bs, n, kd, d = 4, 13, 8, 5
+	freqs := make([]float32, kd/2)
+	for i := range freqs {
+		freqs[i] = float32(math.Pow(10000, -2*float64(i)/kd))
+	}
+	p := model.AttnParams{NHead: 2, NKVHead: 1, HeadDim: kd, Scale: 0.4}
+	for _, f := range []Format{F32, int8Format{}} {
+		var raw, keys, shifted, vals, qs [][]float32
+		for i := 0; i < n; i++ {
+			k := randRow(r, kd)
+			raw = append(raw, k)
+			a, b := append([]float32(nil), k...), append([]float32(nil), k...)
+			kernels.RoPERef(a, i, freqs, false)
+			kernels.RoPERef(b, i+d, freqs, false)
+			keys, shifted = append(keys, a), append(shifted, b)
+			vals, qs = append(vals, randRow(r, kd)), append(qs, randRow(r, 2*kd))
+		}
+		c, err := New(Config{BlockSize: bs, NumBlocks: 8,
+			Groups: []GroupSpec{{Layers: []int{0}, NKVHead: 1, KDim: kd, VDim: kd, KFormat: f, VFormat: f}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Allocate(1, nil, 0, n)
+		prefill(t, c, []int{0}, 1, 0, n, keys, vals, qs, p, kd)
+		calls := 0
+		err = c.MapKeys(1, 0, n, func(layer, pos int, k []float32) {
+			calls++
+			kernels.RoPERef(k, d, freqs, false)
+		})
+		if err != nil || calls != n {
+			t.Fatalf("%v: MapKeys: %v after %d calls, want %d", f, err, calls, n)
+		}
+		// One more query, at the last position, over the moved keys.
+		q := randRow(r, 2*kd)
+		out := make([]float32, 2*kd)
+		attendTok(c, 0, 1, n, q, out, p)
+		all := make([]int, n)
+		for i := range all {
+			all[i] = i
+		}
+		tol := 1e-5
+		if _, quantized := f.(int8Format); quantized {
+			tol = 3e-2
+		}
+		closeTo(t, f.String(), out, refAttend(shifted, vals, all, q, 2, 1, kd, kd, p.Scale), tol)
+		if err := c.MapKeys(1, 0, n+1, func(int, int, []float32) {}); err == nil {
+			t.Errorf("%v: MapKeys past the sequence's tokens succeeded", f)
+		}
 	}
 }
