@@ -53,13 +53,14 @@ func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
 	g := pageGeom{dim: dim, rowLen: heads * dim, pageLen: tokens * heads * dim}
 	switch d {
 	case F32:
-		return &f32Pages{pageGeom: g, data: make([]float32, n*g.pageLen),
-			scores: ops.AttnScoresF32, mix: ops.AttnMixF32}
+		cp := func(dst, src []float32) { copy(dst, src) }
+		return &floatPages[float32]{pageGeom: g, data: make([]float32, n*g.pageLen),
+			put: cp, get: cp, scores: ops.AttnScoresF32, mix: ops.AttnMixF32}
 	case F16:
-		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+		return &floatPages[uint16]{pageGeom: g, data: make([]uint16, n*g.pageLen),
 			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresF16, mix: ops.AttnMixF16}
 	case BF16:
-		return &halfPages{pageGeom: g, data: make([]uint16, n*g.pageLen),
+		return &floatPages[uint16]{pageGeom: g, data: make([]uint16, n*g.pageLen),
 			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresBF16, mix: ops.AttnMixBF16}
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))
@@ -75,76 +76,41 @@ func (g *pageGeom) rows(page, head, from, to int) (lo, hi int) {
 	return lo, lo + (to-from-1)*g.rowLen + g.dim
 }
 
-type f32Pages struct {
+// floatPages stores f32, f16 or bf16 elements (E is the stored word); the
+// kernels are picked at construction, so the page loop has no dtype switch.
+type floatPages[E float32 | uint16] struct {
 	pageGeom
-	data   []float32
-	scores func(s, q, k []float32, stride int)
-	mix    func(out, w, v []float32, stride int)
+	data   []E
+	put    func(dst []E, src []float32)
+	get    func(dst []float32, src []E)
+	scores func(s, q []float32, k []E, stride int)
+	mix    func(out, w []float32, v []E, stride int)
 }
 
-func (p *f32Pages) Put(page, slot int, row []float32) {
-	o := page*p.pageLen + slot*p.rowLen
-	copy(p.data[o:o+p.rowLen], row[:p.rowLen])
-}
-
-func (p *f32Pages) Get(page, slot int, row []float32) {
-	o := page*p.pageLen + slot*p.rowLen
-	copy(row[:p.rowLen], p.data[o:o+p.rowLen])
-}
-
-func (p *f32Pages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
-	lo, hi := p.rows(page, head, from, to)
-	for j := 0; j*p.dim < len(q); j++ {
-		p.scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
-	}
-}
-
-func (p *f32Pages) Mix(out, w []float32, ws int, page, head, from, to int) {
-	lo, hi := p.rows(page, head, from, to)
-	for j := 0; j*p.dim < len(out); j++ {
-		p.mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
-	}
-}
-
-func (p *f32Pages) CopyPage(dst, src int) {
-	copy(p.data[dst*p.pageLen:(dst+1)*p.pageLen], p.data[src*p.pageLen:(src+1)*p.pageLen])
-}
-
-// halfPages stores f16 or bf16; the kernels are picked at construction so
-// the page loop has no dtype switch.
-type halfPages struct {
-	pageGeom
-	data   []uint16
-	put    func(dst []uint16, src []float32)
-	get    func(dst []float32, src []uint16)
-	scores func(s, q []float32, k []uint16, stride int)
-	mix    func(out, w []float32, v []uint16, stride int)
-}
-
-func (p *halfPages) Put(page, slot int, row []float32) {
+func (p *floatPages[E]) Put(page, slot int, row []float32) {
 	o := page*p.pageLen + slot*p.rowLen
 	p.put(p.data[o:o+p.rowLen], row[:p.rowLen])
 }
 
-func (p *halfPages) Get(page, slot int, row []float32) {
+func (p *floatPages[E]) Get(page, slot int, row []float32) {
 	o := page*p.pageLen + slot*p.rowLen
 	p.get(row[:p.rowLen], p.data[o:o+p.rowLen])
 }
 
-func (p *halfPages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
+func (p *floatPages[E]) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
 	lo, hi := p.rows(page, head, from, to)
 	for j := 0; j*p.dim < len(q); j++ {
 		p.scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
 	}
 }
 
-func (p *halfPages) Mix(out, w []float32, ws int, page, head, from, to int) {
+func (p *floatPages[E]) Mix(out, w []float32, ws int, page, head, from, to int) {
 	lo, hi := p.rows(page, head, from, to)
 	for j := 0; j*p.dim < len(out); j++ {
 		p.mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
 	}
 }
 
-func (p *halfPages) CopyPage(dst, src int) {
+func (p *floatPages[E]) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageLen:(dst+1)*p.pageLen], p.data[src*p.pageLen:(src+1)*p.pageLen])
 }

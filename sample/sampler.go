@@ -191,16 +191,7 @@ func (s *Sampler) candProbs(cands []cand, n int) {
 		probs[cands[0].id] = 1
 		return
 	}
-	m := cands[0].logit
-	for _, c := range cands[1:] {
-		if c.logit > m {
-			m = c.logit
-		}
-	}
-	var total float64
-	for _, c := range cands {
-		total += expNeg(float64(c.logit) - float64(m))
-	}
+	m, total := expTotal(cands)
 	for _, c := range cands {
 		probs[c.id] = float32(expNeg(float64(c.logit)-float64(m)) / total)
 	}
@@ -370,11 +361,9 @@ func (s *Sampler) sampleAll(logits []float32) int32 {
 	return last // rounding left u just past the final sum
 }
 
-// draw samples from cands (non-empty) proportionally to exp(logit).
-func (s *Sampler) draw(cands []cand) int32 {
-	if len(cands) == 1 {
-		return cands[0].id
-	}
+// expTotal is the largest logit of cands and Σ exp(logit - largest), the
+// normalizer draw and candProbs share.
+func expTotal(cands []cand) (float32, float64) {
 	m := cands[0].logit
 	for _, c := range cands[1:] {
 		if c.logit > m {
@@ -385,6 +374,15 @@ func (s *Sampler) draw(cands []cand) int32 {
 	for _, c := range cands {
 		total += expNeg(float64(c.logit) - float64(m))
 	}
+	return m, total
+}
+
+// draw samples from cands (non-empty) proportionally to exp(logit).
+func (s *Sampler) draw(cands []cand) int32 {
+	if len(cands) == 1 {
+		return cands[0].id
+	}
+	m, total := expTotal(cands)
 	u := s.rng.float64() * total
 	var cum float64
 	last := cands[0].id
