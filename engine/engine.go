@@ -78,8 +78,10 @@ func (e *TooLongError) Error() string {
 	if e.MaxTokens == 0 {
 		return fmt.Sprintf("engine: prompt of %d tokens leaves no room in the %s of %d tokens", e.Prompt, e.What, e.Limit)
 	}
+	// Both are non-negative ints, so their sum fits a uint64 where it may
+	// not fit an int.
 	return fmt.Sprintf("engine: prompt of %d tokens + max_tokens %d = %d exceeds the %s of %d tokens",
-		e.Prompt, e.MaxTokens, e.Prompt+e.MaxTokens, e.What, e.Limit)
+		e.Prompt, e.MaxTokens, uint64(e.Prompt)+uint64(e.MaxTokens), e.What, e.Limit)
 }
 
 // Is makes errors.Is(err, ErrTooLong) true.
@@ -195,7 +197,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	}
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
 		per := kvcache.KVBytesPerToken(kvcache.Shape{NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim}, cfg.KVDType)
-		kcfg.Bytes = min(per*int64(cfg.ContextLen+kvcache.DefaultBlockSize)*int64(cfg.MaxNumSeqs), 1<<30)
+		kcfg.Bytes = min(mulCap(mulCap(per, int64(cfg.ContextLen)+kvcache.DefaultBlockSize, 1<<30), int64(cfg.MaxNumSeqs), 1<<30), 1<<30)
 	}
 	kv, err := kvcache.New(kcfg)
 	if err != nil {
@@ -215,6 +217,16 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	}
 	e.publish()
 	return e, nil
+}
+
+// mulCap is a*b for non-negative a and b, or limit when the product
+// exceeds it: a model's context length times the sequence count can wrap
+// an int64 and turn the default KV budget negative.
+func mulCap(a, b, limit int64) int64 {
+	if a != 0 && b > limit/a {
+		return limit
+	}
+	return min(a*b, limit)
 }
 
 // Start runs the engine loop; calling it again does nothing.
@@ -342,9 +354,11 @@ func (e *Engine) validate(r *Request) (*request, error) {
 			return nil, &TooLongError{Prompt: n, Limit: limit, What: what}
 		}
 		q.maxTokens = limit - n
-	case n+r.MaxTokens > c.ContextLen:
+	// Subtract rather than add: a client's max_tokens near MaxInt would
+	// make n+MaxTokens wrap negative and slip past both limits.
+	case r.MaxTokens > c.ContextLen-n:
 		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: c.ContextLen, What: "context"}
-	case n+r.MaxTokens > kvTokens:
+	case r.MaxTokens > kvTokens-n:
 		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: kvTokens, What: "KV cache"}
 	default:
 		q.maxTokens = r.MaxTokens

@@ -1049,3 +1049,39 @@ func TestLongPrefillThreshold(t *testing.T) {
 		}
 	}
 }
+
+// A max_tokens near MaxInt must not wrap prompt+max_tokens negative and
+// slip past the context or KV-cache limit.
+func TestMaxTokensOverflow(t *testing.T) {
+	cfg := fakeConfig()
+	cfg.KVBlocks = 4 // 64 tokens, under the context of 256
+	e, err := New(&fakeModel{}, newFakeTok(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mt := range []int{math.MaxInt, math.MaxInt - 1, math.MaxInt - 255, 255, 63} {
+		_, err := e.Submit(context.Background(), &Request{Prompt: []int32{5, 6}, MaxTokens: mt})
+		if !errors.Is(err, ErrTooLong) {
+			t.Fatalf("max_tokens %d: %v, want a too-long error", mt, err)
+		}
+		if strings.Contains(err.Error(), "= -") {
+			t.Errorf("max_tokens %d: negative sum in %q", mt, err)
+		}
+	}
+}
+
+// A huge context times the default sequence count must not wrap the
+// default KV budget negative.
+func TestDefaultBudgetHugeContext(t *testing.T) {
+	cfg := fakeConfig()
+	// 128 bytes a token × this wraps int64 to a negative number.
+	cfg.ContextLen = 1<<56 + 1<<55 - kvcache.DefaultBlockSize
+	cfg.KVBlocks, cfg.KVBytes = 0, 0
+	e, err := New(&fakeModel{}, newFakeTok(), cfg)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	if e.kv.Pool().NumBlocks() <= 0 {
+		t.Fatalf("no blocks")
+	}
+}
