@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"errors"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -380,11 +381,20 @@ func TestSizes(t *testing.T) {
 		t.Fatalf("70b per token: gqa %d, mha %d", KVBytesPerToken(g, F16), KVBytesPerToken(m, F16))
 	}
 	// 4096 tokens × 8 sequences of Llama-2-7B in f16: 16 GiB.
-	if got := Size(s, 8, 4096, F16, 16); got != 16<<30 {
-		t.Fatalf("size %d", got)
+	if got, err := Size(s, 8, 4096, F16, 16); err != nil || got != 16<<30 {
+		t.Fatalf("size %d, %v", got, err)
 	}
-	if got := Size(s, 1, 17, F32, 16); got != 32*(1<<20) {
-		t.Fatalf("block rounding: %d", got)
+	if got, err := Size(s, 1, 17, F32, 16); err != nil || got != 32*(1<<20) {
+		t.Fatalf("block rounding: %d, %v", got, err)
+	}
+	// Absurd batch × length must be an error, not a wrapped negative count.
+	for _, c := range [][2]int{{999999999999, 999999999999}, {1, math.MaxInt}, {math.MaxInt, 1}} {
+		if got, err := Size(g, c[0], c[1], F16, 16); !errors.Is(err, ErrTooLarge) {
+			t.Fatalf("Size(batch %d, len %d) = %d, %v; want ErrTooLarge", c[0], c[1], got, err)
+		}
+	}
+	if _, err := Size(g, -1, 10, F16, 16); err == nil {
+		t.Fatal("negative batch accepted")
 	}
 	if _, err := LookupShape("gpt-17"); err == nil {
 		t.Fatal("unknown shape must be an error")

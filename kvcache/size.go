@@ -1,7 +1,10 @@
 package kvcache
 
 import (
+	"errors"
 	"fmt"
+	"math"
+	"math/bits"
 	"sort"
 	"strings"
 )
@@ -60,13 +63,33 @@ func KVBytesPerToken(s Shape, d DType) int64 {
 	return 2 * int64(s.NLayer) * int64(s.NKVHead) * int64(s.HeadDim) * int64(d.Size())
 }
 
+// ErrTooLarge says a size does not fit an int64 byte count.
+var ErrTooLarge = errors.New("kvcache: size overflows int64")
+
 // Size is the cache bytes for batch sequences of length tokens each. With
 // blockSize > 0 each sequence is rounded up to whole blocks, as the paged
-// cache stores it.
-func Size(s Shape, batch, length int, d DType, blockSize int) int64 {
-	n := int64(length)
-	if blockSize > 0 {
-		n = (n + int64(blockSize) - 1) / int64(blockSize) * int64(blockSize)
+// cache stores it. The inputs come from users (a command line, a model
+// file), so the product is checked: past MaxInt64 it returns an error
+// wrapping ErrTooLarge rather than a wrapped, negative count.
+func Size(s Shape, batch, length int, d DType, blockSize int) (int64, error) {
+	if batch < 0 || length < 0 || blockSize < 0 || s.NLayer < 0 || s.NKVHead < 0 || s.HeadDim < 0 {
+		return 0, fmt.Errorf("kvcache: negative size input: batch %d, length %d, block size %d, shape %d×%d×%d",
+			batch, length, blockSize, s.NLayer, s.NKVHead, s.HeadDim)
 	}
-	return KVBytesPerToken(s, d) * n * int64(batch)
+	n := uint64(length)
+	if blockSize > 0 {
+		// Cannot wrap: length < 2^63 and the round-up adds under 2^63.
+		bs := uint64(blockSize)
+		n = (n/bs + min(n%bs, 1)) * bs
+	}
+	total := uint64(1)
+	for _, f := range []uint64{2, uint64(s.NLayer), uint64(s.NKVHead), uint64(s.HeadDim), uint64(d.Size()), n, uint64(batch)} {
+		hi, lo := bits.Mul64(total, f)
+		if hi != 0 || lo > math.MaxInt64 {
+			approx := float64(KVBytesPerToken(s, d)) * float64(n) * float64(batch)
+			return 0, fmt.Errorf("%w: %d sequences × %d tokens × %d bytes a token is about %.3g bytes", ErrTooLarge, batch, length, KVBytesPerToken(s, d), approx)
+		}
+		total = lo
+	}
+	return int64(total), nil
 }

@@ -57,7 +57,10 @@ func runKVSize(args []string) error {
 		return fmt.Errorf("give -m MODEL or -shape NAME (-list shows the names)")
 	}
 	per := kvcache.KVBytesPerToken(s, d)
-	total := kvcache.Size(s, *batch, *length, d, *block)
+	total, err := kvcache.Size(s, *batch, *length, d, *block)
+	if err != nil {
+		return err
+	}
 	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(w, "model\t%s\n", s.Name)
 	fmt.Fprintf(w, "layers × KV heads × head dim\t%d × %d × %d (query heads %d)\n", s.NLayer, s.NKVHead, s.HeadDim, s.NHead)
@@ -68,7 +71,22 @@ func runKVSize(args []string) error {
 	if s.NKVHead != s.NHead {
 		mha := s
 		mha.NKVHead = s.NHead
-		fmt.Fprintf(w, "without GQA\t%.2f GB (%.0f× more)\n", float64(kvcache.Size(mha, *batch, *length, d, *block))/1e9, float64(s.NHead)/float64(s.NKVHead))
+		// MHA is NHead/NKVHead times larger, so it may overflow where GQA did
+		// not; the float estimate is exact enough for a report line.
+		mhaBytes, err := kvcache.Size(mha, *batch, *length, d, *block)
+		if err != nil {
+			mhaBytes = -1
+		}
+		fmt.Fprintf(w, "without GQA\t%s (%.0f× more)\n", gbOrTooLarge(mhaBytes, float64(total)*float64(s.NHead)/float64(s.NKVHead)), float64(s.NHead)/float64(s.NKVHead))
 	}
 	return w.Flush()
+}
+
+// gbOrTooLarge formats b bytes as GB, or approx when b is negative (too
+// large for an int64).
+func gbOrTooLarge(b int64, approx float64) string {
+	if b < 0 {
+		return fmt.Sprintf("about %.3g GB (over 2^63 bytes)", approx/1e9)
+	}
+	return fmt.Sprintf("%.2f GB", float64(b)/1e9)
 }
