@@ -47,7 +47,7 @@ func runBench(args []string) error {
 	batch := fs.Int("b", 512, "tokens per forward pass during pp")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}}); err != nil {
 		return err
 	}
 	if *cpuProfile != "" {

@@ -36,7 +36,11 @@ func runBenchServe(args []string) error {
 	fs.StringVar(&c.APIKey, "api-key", os.Getenv("PAGODA_API_KEY"), "bearer token")
 	fs.BoolVar(&c.ScrapeMetrics, "scrape-metrics", true, "read the server's /metrics before and after (prefix hits, KV waste)")
 	jsonOut := fs.String("json", "", "also write the result as JSON to this file (- = stdout)")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, []limit{
+		{"num-prompts", 1, inf}, {"input-len", 1, maxCtx}, {"output-len", 1, maxCtx}, {"range-ratio", 0, 1},
+		{"prefix-len", 0, maxCtx}, {"num-prefixes", 1, inf}, {"vocab-size", 0, inf}, {"min-token-id", 0, inf},
+		{"max-concurrency", 0, inf},
+	}); err != nil {
 		return err
 	}
 	var err error

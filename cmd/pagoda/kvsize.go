@@ -23,7 +23,7 @@ func runKVSize(args []string) error {
 	dtype := fs.String("dtype", "f16", "storage dtype: f16, bf16, f32")
 	block := fs.Int("block-size", 16, "paged-cache block size in tokens (0 = exact)")
 	list := fs.Bool("list", false, "list the named shapes")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, []limit{{"batch", 1, inf}, {"len", 1, inf}, {"block-size", 0, 1 << 20}}); err != nil {
 		return err
 	}
 	if *list {
@@ -31,9 +31,6 @@ func runKVSize(args []string) error {
 			fmt.Println(n)
 		}
 		return nil
-	}
-	if *batch <= 0 || *length <= 0 || *block < 0 {
-		return fmt.Errorf("-batch, -len must be positive and -block-size non-negative")
 	}
 	d, err := kvcache.ParseDType(*dtype)
 	if err != nil {

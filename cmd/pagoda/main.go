@@ -2,6 +2,8 @@
 package main
 
 import (
+	"errors"
+	"flag"
 	"fmt"
 	"os"
 	"sort"
@@ -45,7 +47,12 @@ func main() {
 		usage()
 		os.Exit(2)
 	}
-	if err := c.run(os.Args[2:]); err != nil {
+	err := c.run(os.Args[2:])
+	if errors.Is(err, flag.ErrHelp) {
+		// The flag set has printed the usage; asking for it is no failure.
+		return
+	}
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "pagoda %s: %v\n", os.Args[1], err)
 		os.Exit(1)
 	}

@@ -50,8 +50,13 @@ func runQuantize(args []string) error {
 	tok := fs.String("tokenizer", "", "tokenizer to embed when the input has none")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	dry := fs.Bool("dry-run", false, "print the per-tensor plan and exit")
+	limits := []limit{{"threads", 0, maxThreads}}
+	annotateLimits(fs, limits)
 	pos, err := parseInterspersed(fs, args)
 	if err != nil {
+		return err
+	}
+	if err := checkLimits(fs, limits); err != nil {
 		return err
 	}
 	if len(pos) != 2 || *typ == "" {

@@ -88,6 +88,14 @@ func defaultModel() (string, error) {
 	return path, os.Rename(tmp, path)
 }
 
+var runLimits = []limit{
+	{"n", 0, inf}, {"top-logprobs", 0, 20}, {"threads", 0, maxThreads}, {"ctx", 0, maxCtx},
+}
+
+// samplingLimits covers the integer sampling flags; sample.New checks the
+// floats against each other (top-p with min-p and so on).
+var samplingLimits = []limit{{"top-k", 0, inf}, {"penalty-last-n", 0, inf}, {"seed", -1, inf}}
+
 func runRun(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: a small synthetic model)")
@@ -106,7 +114,7 @@ func runRun(args []string) error {
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
 	sf.register(fs)
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, append(runLimits, samplingLimits...)); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -233,6 +241,11 @@ type jsonTopAlt struct {
 }
 
 func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, ids []int32, o generate.Options, out *bufio.Writer, jsonOut bool, echo string) (*generate.Result, error) {
+	// Checked here as well as in Generate so that a prompt that cannot fit
+	// is refused before it is echoed.
+	if c := m.Config.ContextLen; len(ids) >= c {
+		return nil, fmt.Errorf("the prompt is %d tokens, which leaves no room in the context of %d (raise --ctx or shorten the prompt)", len(ids), c)
+	}
 	enc := json.NewEncoder(out)
 	if !jsonOut {
 		fmt.Fprint(out, echo)

@@ -41,7 +41,7 @@ func runScore(args []string) error {
 	jsonOut := fs.Bool("json", false, "JSON output")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}}); err != nil {
 		return err
 	}
 	if *modelPath == "" {

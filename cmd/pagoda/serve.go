@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"flag"
 	"fmt"
@@ -48,21 +47,24 @@ func parseBytes(s string) (int64, error) {
 	return int64(v * mult), nil
 }
 
-// memAvailable is MemAvailable from /proc/meminfo (0 when unknown).
-func memAvailable() int64 {
-	f, err := os.Open("/proc/meminfo")
-	if err != nil {
-		return 0
+// serveLimits are the ranges of serve's numeric flags. The upper bounds
+// are far past useful values; they stop typos that would allocate the
+// machine away.
+var serveLimits = []limit{
+	{"port", 0, 65535}, {"threads", 0, maxThreads}, {"ctx", 0, maxCtx},
+	{"kv-cache-fraction", 0.01, 0.95}, {"block-size", 1, 1024},
+	{"max-num-batched-tokens", 1, 1 << 20}, {"max-num-seqs", 1, 1 << 16}, {"max-waiting", 1, 1 << 24},
+	{"grace", 0, inf},
+}
+
+// checkBudget refuses a KV budget over the avail bytes the machine has (0 =
+// unknown: no check). Refusing beats clamping: the user named a size, and
+// going past it would end in the runtime's out-of-memory crash or in swap.
+func checkBudget(budget, avail int64) error {
+	if avail > 0 && budget > avail {
+		return fmt.Errorf("%.1f GiB is more than the %.1f GiB of memory available; give a smaller size", float64(budget)/(1<<30), float64(avail)/(1<<30))
 	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if rest, ok := strings.CutPrefix(sc.Text(), "MemAvailable:"); ok {
-			kb, _ := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(rest), "kB")), 10, 64)
-			return kb * 1024
-		}
-	}
-	return 0
+	return nil
 }
 
 func runServe(args []string) error {
@@ -71,11 +73,11 @@ func runServe(args []string) error {
 	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
 	name := fs.String("served-model-name", "", "model name in the API (default: the file name)")
 	host := fs.String("host", "127.0.0.1", "listen address")
-	port := fs.Int("port", 8000, "listen port")
+	port := fs.Int("port", 8000, "listen port (0 = any free port)")
 	apiKey := fs.String("api-key", "", "require this bearer token on /v1/* (default $PAGODA_API_KEY)")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
-	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM)")
+	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM); refused when over the memory available (Linux: MemAvailable, or a cgroup v2 memory.max)")
 	kvFrac := fs.Float64("kv-cache-fraction", 0.25, "fraction of available RAM for the KV cache when --kv-cache-memory is not set")
 	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
@@ -86,7 +88,7 @@ func runServe(args []string) error {
 	noPrefix := fs.Bool("no-prefix-cache", false, "disable prefix caching")
 	chatTmpl := fs.String("chat-template", "", "file with a Jinja chat template overriding the model's")
 	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
-	if err := fs.Parse(args); err != nil {
+	if err := parseFlags(fs, args, serveLimits); err != nil {
 		return err
 	}
 	if *modelPath == "" {
@@ -104,11 +106,11 @@ func runServe(args []string) error {
 		if budget, err = parseBytes(*kvMem); err != nil {
 			return fmt.Errorf("--kv-cache-memory: %v", err)
 		}
-	} else {
-		if *kvFrac <= 0 || *kvFrac > 0.95 {
-			return fmt.Errorf("--kv-cache-fraction must be in (0, 0.95]")
+		if err := checkBudget(budget, systemMemory()); err != nil {
+			return fmt.Errorf("--kv-cache-memory %s: %v", *kvMem, err)
 		}
-		if avail := memAvailable(); avail > 0 {
+	} else {
+		if avail := systemMemory(); avail > 0 {
 			budget = int64(float64(avail) * *kvFrac)
 		}
 	}

@@ -25,15 +25,18 @@ func runSynth(args []string) error {
 	vocab := fs.String("vocab-from", "", "copy the vocabulary of this GGUF or llama2.c tokenizer.bin")
 	out := fs.String("o", "", "output file (required)")
 	archName := fs.String("arch", "", "override: architecture ("+strings.Join(arch.Names(), ", ")+")")
-	layers := fs.Int("layers", 0, "override: layers")
-	dim := fs.Int("dim", 0, "override: embedding size")
-	heads := fs.Int("heads", 0, "override: attention heads")
-	kvHeads := fs.Int("kv-heads", 0, "override: KV heads")
-	headDim := fs.Int("head-dim", 0, "override: head dimension")
-	ffn := fs.Int("ffn", 0, "override: feed-forward size")
-	nVocab := fs.Int("vocab", 0, "override: vocabulary size")
-	ctx := fs.Int("ctx", 0, "override: context length")
-	if err := fs.Parse(args); err != nil {
+	layers := fs.Int("layers", 0, "override: layers (0 = the preset's)")
+	dim := fs.Int("dim", 0, "override: embedding size (0 = the preset's)")
+	heads := fs.Int("heads", 0, "override: attention heads (0 = the preset's)")
+	kvHeads := fs.Int("kv-heads", 0, "override: KV heads (0 = the preset's)")
+	headDim := fs.Int("head-dim", 0, "override: head dimension (0 = the preset's)")
+	ffn := fs.Int("ffn", 0, "override: feed-forward size (0 = the preset's)")
+	nVocab := fs.Int("vocab", 0, "override: vocabulary size (0 = the preset's)")
+	ctx := fs.Int("ctx", 0, "override: context length (0 = the preset's)")
+	if err := parseFlags(fs, args, []limit{
+		{"layers", 0, 1 << 12}, {"dim", 0, 1 << 18}, {"heads", 0, 1 << 12}, {"kv-heads", 0, 1 << 12},
+		{"head-dim", 0, 1 << 12}, {"ffn", 0, 1 << 20}, {"vocab", 0, 1 << 24}, {"ctx", 0, maxCtx}, {"std", 0, inf},
+	}); err != nil {
 		return err
 	}
 	if *out == "" {
@@ -48,9 +51,6 @@ func runSynth(args []string) error {
 		dst *int
 	}{{*layers, &shape.Layers}, {*dim, &shape.Dim}, {*heads, &shape.Heads}, {*kvHeads, &shape.KVHeads},
 		{*headDim, &shape.HeadDim}, {*ffn, &shape.FFN}, {*nVocab, &shape.Vocab}, {*ctx, &shape.Context}} {
-		if o.v < 0 {
-			return fmt.Errorf("shape overrides must be positive")
-		}
 		if o.v > 0 {
 			*o.dst = o.v
 		}

@@ -1,0 +1,69 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const fakeMeminfo = `MemTotal:       24683548 kB
+MemFree:         1000000 kB
+MemAvailable:   20000000 kB
+Buffers:          123456 kB
+`
+
+func TestParseMeminfo(t *testing.T) {
+	m := parseMeminfo(strings.NewReader(fakeMeminfo))
+	if m.available != 20000000<<10 || m.total != 24683548<<10 {
+		t.Fatalf("%+v", m)
+	}
+}
+
+func writeFile(t *testing.T, dir, name, text string) string {
+	t.Helper()
+	p := filepath.Join(dir, name)
+	if err := os.WriteFile(p, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func TestAvailableMemory(t *testing.T) {
+	dir := t.TempDir()
+	mi := writeFile(t, dir, "meminfo", fakeMeminfo)
+	cg := t.TempDir()
+	if got := availableMemory(mi, cg); got != 20000000<<10 {
+		t.Errorf("no cgroup: %d", got)
+	}
+	// A cgroup limit under MemAvailable wins, less what the group uses.
+	writeFile(t, cg, "memory.max", "4294967296\n")
+	writeFile(t, cg, "memory.current", "1073741824\n")
+	if got := availableMemory(mi, cg); got != 3<<30 {
+		t.Errorf("cgroup: %d", got)
+	}
+	writeFile(t, cg, "memory.max", "max\n")
+	if got := availableMemory(mi, cg); got != 20000000<<10 {
+		t.Errorf("cgroup without limit: %d", got)
+	}
+	// Without MemAvailable (old kernels) MemTotal stands in.
+	old := writeFile(t, dir, "meminfo.old", "MemTotal: 1000 kB\n")
+	if got := availableMemory(old, cg); got != 1000<<10 {
+		t.Errorf("old kernel: %d", got)
+	}
+	if got := availableMemory(filepath.Join(dir, "none"), filepath.Join(dir, "none")); got != 0 {
+		t.Errorf("no information: %d, want 0", got)
+	}
+}
+
+func TestCheckBudget(t *testing.T) {
+	if err := checkBudget(200<<30, 23<<30); err == nil || !strings.Contains(err.Error(), "memory available") {
+		t.Errorf("200 GiB of 23: %v", err)
+	}
+	if err := checkBudget(2<<30, 23<<30); err != nil {
+		t.Errorf("2 GiB of 23: %v", err)
+	}
+	if err := checkBudget(100<<40, 0); err != nil {
+		t.Errorf("unknown memory must not refuse: %v", err)
+	}
+}
