@@ -67,3 +67,16 @@ func TestCheckBudget(t *testing.T) {
 		t.Errorf("unknown memory must not refuse: %v", err)
 	}
 }
+
+func TestParseBytes(t *testing.T) {
+	for in, want := range map[string]int64{"512MiB": 512 << 20, "2GB": 2e9, "1.5GiB": 3 << 29, "100": 100} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"NaN", "nanGiB", "-1GiB", "Inf", "2PiB", "lots"} {
+		if got, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) = %d, want an error", in, got)
+		}
+	}
+}

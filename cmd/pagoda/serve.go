@@ -41,7 +41,8 @@ func parseBytes(s string) (int64, error) {
 		}
 	}
 	v, err := strconv.ParseFloat(s, 64)
-	if err != nil || v < 0 || v*mult > 1<<50 {
+	// Written so that NaN fails too.
+	if err != nil || !(v >= 0 && v*mult <= 1<<50) {
 		return 0, fmt.Errorf("bad size %q", s)
 	}
 	return int64(v * mult), nil
