@@ -64,7 +64,9 @@ type soakSpec struct {
 	greedy    bool
 }
 
-func (s soakSpec) key() string { return fmt.Sprintf("%v %q %d %q %v", s.chat, s.prompt, s.maxTokens, s.stop, s.greedy) }
+func (s soakSpec) key() string {
+	return fmt.Sprintf("%v %q %d %q %v", s.chat, s.prompt, s.maxTokens, s.stop, s.greedy)
+}
 
 func soakSpecs() []soakSpec {
 	// Prompts share long prefixes so the prefix cache has work, and differ
