@@ -259,13 +259,10 @@ func readSSE(body io.Reader, n, cutAfter int, cut func()) (*soakResult, error) {
 			}
 		}
 		if cutAfter > 0 && events >= cutAfter {
+			// Hang up mid-stream; the rest of the stream is not read.
 			cut()
 			return nil, errInterrupted
 		}
-	}
-	if cutAfter > 0 && !done {
-		// The cut raced the end of the stream; either way we cut it.
-		return nil, errInterrupted
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
