@@ -65,6 +65,29 @@ func memAvailable() int64 {
 	return 0
 }
 
+// servedName is the API model name for a model path: the file name
+// without its model-format extension.
+func servedName(path string) string {
+	base := filepath.Base(filepath.Clean(path))
+	for _, ext := range []string{".gguf", ".bin"} {
+		if b, ok := strings.CutSuffix(base, ext); ok && b != "" {
+			return b
+		}
+	}
+	return base
+}
+
+// splitList reads a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
 func runServe(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory")
@@ -85,7 +108,10 @@ func runServe(args []string) error {
 	static := fs.Bool("static-batching", false, "static batching baseline (a batch starts and finishes together)")
 	noPrefix := fs.Bool("no-prefix-cache", false, "disable prefix caching")
 	chatTmpl := fs.String("chat-template", "", "file with a Jinja chat template overriding the model's")
-	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (a second signal cuts it short)")
+	maxConns := fs.Int("max-connections", 2048, "open client connections at most; more wait to be accepted")
+	origins := fs.String("allowed-origins", "", "comma-separated origins that get CORS headers (\"*\" = any); default none")
+	hosts := fs.String("allowed-hosts", "", "comma-separated Host names accepted besides localhost when listening on loopback (\"*\" = any)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -130,7 +156,7 @@ func runServe(args []string) error {
 		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", *modelPath)
 	}
 	if *name == "" {
-		*name = strings.TrimSuffix(filepath.Base(*modelPath), ".gguf")
+		*name = servedName(*modelPath)
 	}
 	c := m.Config
 	reg := prometheus.NewRegistry()
@@ -149,9 +175,31 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
+		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts)})
+	// The first signal starts the drain; a second one cancels what is
+	// left at once, for an operator who will not wait out --grace.
+	ctx, stop := context.WithCancel(context.Background())
+	hard, hardStop := context.WithCancel(context.Background())
+	defer hardStop()
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigc)
+	go func() {
+		select {
+		case <-sigc:
+		case <-hard.Done():
+			return
+		}
+		stop()
+		select {
+		case <-sigc:
+			log.Printf("pagoda: second signal, cancelling in-flight requests")
+			srv.Abort()
+			hardStop()
+		case <-hard.Done():
+		}
+	}()
 	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -161,9 +209,9 @@ func runServe(args []string) error {
 	log.Printf("pagoda: serving %s on http://%s (threads %d, KV %s blocks %d×%d tokens, budget %.1f MB)",
 		*name, ln.Addr(), m.Pool().Threads(), dt, st.KV.Blocks, *blockSize, float64(budget)/1e6)
 	err = srv.Serve(ctx, ln, *grace)
-	sctx, cancel := context.WithTimeout(context.Background(), *grace)
+	sctx, cancel := context.WithTimeout(hard, *grace)
 	defer cancel()
-	if serr := eng.Stop(sctx); err == nil && serr != nil && serr != context.DeadlineExceeded {
+	if serr := eng.Stop(sctx); err == nil && serr != nil && serr != context.DeadlineExceeded && serr != context.Canceled {
 		err = serr
 	}
 	log.Printf("pagoda: stopped")
