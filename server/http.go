@@ -87,8 +87,10 @@ func (s *Server) screen(w *statusRecorder, r *http.Request) bool {
 func (s *Server) readBody(w *statusRecorder, r *http.Request) bool {
 	_ = w.rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout))
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
-	_ = w.rc.SetReadDeadline(time.Time{})
 	if err != nil {
+		// Keep the expired deadline: the server would otherwise wait on
+		// the rest of the body before closing the connection.
+		_ = w.rc.SetReadDeadline(time.Now())
 		var mbe *http.MaxBytesError
 		var ne net.Error
 		switch {
@@ -105,6 +107,7 @@ func (s *Server) readBody(w *statusRecorder, r *http.Request) bool {
 		}
 		return false
 	}
+	_ = w.rc.SetReadDeadline(time.Time{})
 	r.Body = io.NopCloser(bytes.NewReader(b))
 	return true
 }
