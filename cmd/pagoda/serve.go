@@ -88,6 +88,32 @@ func splitList(s string) []string {
 	return out
 }
 
+// drainSignals turns SIGINT/SIGTERM into contexts: the first signal ends
+// ctx (the server drains), a second aborts the drain and ends hard, for
+// an operator who will not wait out --grace.
+func drainSignals(abort func()) (ctx, hard context.Context, stop func()) {
+	ctx, soft := context.WithCancel(context.Background())
+	hard, hardStop := context.WithCancel(context.Background())
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigc:
+		case <-hard.Done():
+			return
+		}
+		soft()
+		select {
+		case <-sigc:
+			log.Printf("pagoda: second signal, cancelling in-flight requests")
+			abort()
+			hardStop()
+		case <-hard.Done():
+		}
+	}()
+	return ctx, hard, func() { signal.Stop(sigc); soft(); hardStop() }
+}
+
 func runServe(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory")
@@ -177,29 +203,8 @@ func runServe(args []string) error {
 	}
 	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
 		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts)})
-	// The first signal starts the drain; a second one cancels what is
-	// left at once, for an operator who will not wait out --grace.
-	ctx, stop := context.WithCancel(context.Background())
-	hard, hardStop := context.WithCancel(context.Background())
-	defer hardStop()
-	sigc := make(chan os.Signal, 2)
-	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
-	defer signal.Stop(sigc)
-	go func() {
-		select {
-		case <-sigc:
-		case <-hard.Done():
-			return
-		}
-		stop()
-		select {
-		case <-sigc:
-			log.Printf("pagoda: second signal, cancelling in-flight requests")
-			srv.Abort()
-			hardStop()
-		case <-hard.Done():
-		}
-	}()
+	ctx, hard, stopSignals := drainSignals(srv.Abort)
+	defer stopSignals()
 	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
