@@ -142,7 +142,9 @@ func New(b Backend, o Options) *Server {
 	return s
 }
 
-// Handler returns the HTTP handler with body limits and metrics applied.
+// Handler returns the HTTP handler with body limits, metrics and the
+// Host/CORS/Content-Type screening applied. The Host check and the
+// connection deadlines and cap take effect only under Serve.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
