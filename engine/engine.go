@@ -478,6 +478,9 @@ func (e *Engine) endRequest(r *request, reason FinishReason, err error) {
 		r.out.push(ev, i == len(evs)-1)
 	}
 	r.stopAfter()
+	if reason == FinishCancelled {
+		e.m.success.WithLabelValues(abortLabel).Inc()
+	}
 }
 
 func (e *Engine) cancelAll() {

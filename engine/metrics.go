@@ -23,6 +23,11 @@ type metrics struct {
 	blocks                     *prometheus.GaugeVec
 }
 
+// abortLabel is vLLM's finished_reason for a request that was cancelled
+// (client gone, drain deadline): such requests count in
+// vllm:request_success_total as vLLM counts them, so dashboards see them.
+const abortLabel = "abort"
+
 func newMetrics(reg *prometheus.Registry, modelName string) (*metrics, error) {
 	cl := prometheus.Labels{"model_name": modelName}
 	g := func(name, help string) prometheus.Gauge {

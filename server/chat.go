@@ -326,7 +326,10 @@ func (c *chatRun) collect(ctx context.Context, w http.ResponseWriter, events <-c
 		}
 	}
 	if ctx.Err() != nil {
-		return
+		if ae := c.s.cutError(); ae != nil {
+			writeAPIError(w, ae)
+		}
+		return // the client is gone
 	}
 	resp := chatResponse{ID: c.id, Object: "chat.completion", Created: c.created, Model: c.s.b.ModelName(),
 		SystemFingerprint: c.s.fp, Usage: c.usage.json()}
@@ -351,7 +354,7 @@ func (c *chatRun) chunk(choices []chatChunkChoice, withUsage bool) any {
 }
 
 func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-chan tagged, includeUsage bool) {
-	out := newSSE(w)
+	out := newSSE(w, c.s.cutError)
 	empty := ""
 	for i := range c.n {
 		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}}, includeUsage))

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -31,6 +32,29 @@ type promptItem struct {
 	text    string // as given, or "" for token prompts
 	ids     []int32
 	hasText bool
+	where   string // "prompt" or "prompt[i]" for token prompts, for errors
+}
+
+// parseIDs reads a list of token ids, naming the offending element: a
+// number too large for a token id is out of the vocabulary, not a
+// malformed prompt.
+func parseIDs(list []json.RawMessage, where string) ([]int32, *apiError) {
+	ids := make([]int32, len(list))
+	for j, el := range list {
+		n, err := strconv.ParseInt(string(el), 10, 64)
+		if err != nil {
+			var f float64
+			if json.Unmarshal(el, &f) != nil || f != math.Trunc(f) {
+				return nil, badRequest("prompt", "%s[%d] must be an integer token id, got %s", where, j, el)
+			}
+			n = math.MaxInt64 // an integer beyond int64
+		}
+		if n < 0 || n > math.MaxInt32 {
+			return nil, badRequest("prompt", "%s[%d]: token id %s is out of the vocabulary", where, j, el)
+		}
+		ids[j] = int32(n)
+	}
+	return ids, nil
 }
 
 // parsePrompt accepts a string, a list of strings, a list of token ids or
@@ -51,9 +75,12 @@ func parsePrompt(raw json.RawMessage) ([]promptItem, *apiError) {
 	if len(list) == 0 {
 		return nil, badRequest("prompt", "prompt must not be an empty list")
 	}
-	var ids []int32
-	if json.Unmarshal(raw, &ids) == nil {
-		return []promptItem{{ids: ids}}, nil
+	if c := list[0]; len(c) > 0 && (c[0] == '-' || (c[0] >= '0' && c[0] <= '9')) {
+		ids, ae := parseIDs(list, "prompt")
+		if ae != nil {
+			return nil, ae
+		}
+		return []promptItem{{ids: ids, where: "prompt"}}, nil
 	}
 	out := make([]promptItem, 0, len(list))
 	for i, el := range list {
@@ -62,14 +89,19 @@ func parsePrompt(raw json.RawMessage) ([]promptItem, *apiError) {
 			out = append(out, promptItem{text: s, hasText: true})
 			continue
 		}
-		var ids []int32
-		if err := json.Unmarshal(el, &ids); err != nil {
+		var sub []json.RawMessage
+		if err := json.Unmarshal(el, &sub); err != nil {
 			return nil, badRequest("prompt", "prompt[%d] must be a string or a list of token ids", i)
 		}
-		if len(ids) == 0 {
+		if len(sub) == 0 {
 			return nil, badRequest("prompt", "prompt[%d] is an empty token list", i)
 		}
-		out = append(out, promptItem{ids: ids})
+		where := "prompt[" + strconv.Itoa(i) + "]"
+		ids, ae := parseIDs(sub, where)
+		if ae != nil {
+			return nil, ae
+		}
+		out = append(out, promptItem{ids: ids, where: where})
 	}
 	return out, nil
 }
@@ -112,6 +144,12 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, ae)
 		return
 	}
+	if s.o.MaxWaiting > 0 && len(prompts) > s.o.MaxWaiting {
+		// Each prompt is one engine request; more than the queue holds
+		// would be refused (429) however long the client waited.
+		writeAPIError(w, badRequest("prompt", "%d prompts exceed the server's waiting-queue capacity of %d requests; send them in smaller batches", len(prompts), s.o.MaxWaiting))
+		return
+	}
 	if len(prompts)*base.N > maxChoices {
 		writeAPIError(w, badRequest("prompt", "%d prompts × n = %d asks for more than %d completions in one request", len(prompts), base.N, maxChoices))
 		return
@@ -127,7 +165,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		if p.hasText {
 			p.ids = s.b.Tokenize(p.text, addSpecial)
 		} else {
-			if ae := s.checkPromptIDs(p.ids, "prompt"); ae != nil {
+			if ae := s.checkPromptIDs(p.ids, p.where); ae != nil {
+				ae.Param = "prompt"
 				writeAPIError(w, ae)
 				return
 			}
@@ -311,6 +350,9 @@ func (c *completionRun) collect(ctx context.Context, w http.ResponseWriter, even
 		}
 	}
 	if ctx.Err() != nil {
+		if ae := c.s.cutError(); ae != nil {
+			writeAPIError(w, ae)
+		}
 		return // the client is gone
 	}
 	resp := completionResponse{ID: c.id, Object: "text_completion", Created: c.created,
@@ -336,7 +378,7 @@ func (c *completionRun) chunk(choices []completionChoice, withUsage bool) any {
 }
 
 func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, events <-chan tagged, includeUsage bool) {
-	out := newSSE(w)
+	out := newSSE(w, c.s.cutError)
 	nc := len(c.prompts) * c.n
 	offsets := make([]int, nc)
 	if c.echo {

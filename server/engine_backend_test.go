@@ -135,6 +135,7 @@ func TestEngineBackend(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi","max_tokens":100,"stream":true}`))
+	req.Header.Set("Content-Type", "application/json")
 	if resp, err := ts.Client().Do(req); err == nil {
 		for buf := make([]byte, 16); err == nil; _, err = resp.Body.Read(buf) {
 		}

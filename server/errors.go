@@ -42,6 +42,10 @@ func badRequest(param, format string, args ...any) *apiError {
 func writeAPIError(w http.ResponseWriter, e *apiError) {
 	b, _ := marshal(e)
 	w.Header().Set("Content-Type", "application/json")
+	if e.Status == http.StatusTooManyRequests {
+		// Busy is transient: a slot frees as soon as any request finishes.
+		w.Header().Set("Retry-After", "1")
+	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(b)
 }

@@ -197,16 +197,17 @@ type sse struct {
 	w      http.ResponseWriter
 	rc     *http.ResponseController
 	failed bool
+	cut    func() *apiError // Server.cutError
 }
 
-func newSSE(w http.ResponseWriter) *sse {
+func newSSE(w http.ResponseWriter, cut func() *apiError) *sse {
 	h := w.Header()
 	h.Set("Content-Type", "text/event-stream")
 	h.Set("Cache-Control", "no-cache")
 	h.Set("Connection", "keep-alive")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	s := &sse{w: w, rc: http.NewResponseController(w)}
+	s := &sse{w: w, rc: http.NewResponseController(w), cut: cut}
 	s.flush()
 	return s
 }
@@ -257,6 +258,10 @@ func (s *sse) relay(ctx context.Context, events <-chan tagged, usage *usageSum, 
 		select {
 		case t, ok = <-events:
 		case <-ctx.Done():
+			if ae := s.cut(); ae != nil {
+				s.send(ae)
+				s.done()
+			}
 			return false
 		}
 		if !ok {

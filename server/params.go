@@ -225,9 +225,13 @@ func (s *Server) setMaxTokens(r *engine.Request, p *commonParams, def int, field
 
 func (s *Server) checkPromptIDs(ids []int32, field string) *apiError {
 	l := s.limits()
-	for _, id := range ids {
+	for j, id := range ids {
 		if id < 0 || (l.vocab > 0 && int(id) >= l.vocab) {
-			return badRequest(field, "%s: token id %d out of range%s", field, id, vocabHint(l.vocab))
+			hint := ""
+			if l.vocab > 0 {
+				hint = " (valid ids: 0 to " + strconv.Itoa(l.vocab-1) + ")"
+			}
+			return badRequest(field, "%s[%d]: token id %d is out of the vocabulary%s", field, j, id, hint)
 		}
 	}
 	return nil

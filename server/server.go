@@ -51,6 +51,34 @@ type Options struct {
 	Version string
 	// Logger receives request errors and drain notices. nil = discard.
 	Logger *slog.Logger
+
+	// MaxWaiting is the engine's waiting-queue cap (requests; one per
+	// prompt). A request with more prompts than this could never be
+	// queued, so it gets 400 rather than a 429 it can never pass. 0 = no
+	// check here.
+	MaxWaiting int
+	// MaxConnections caps open client connections; further connections
+	// wait in the kernel's accept queue. 0 = 2048.
+	MaxConnections int
+	// ReadHeaderTimeout bounds reading a request's headers. 0 = 30s.
+	ReadHeaderTimeout time.Duration
+	// BodyReadTimeout bounds reading a request's body (408 beyond). It
+	// is lifted once the body is in, so generation time does not count.
+	// 0 = 60s.
+	BodyReadTimeout time.Duration
+	// IdleTimeout closes keep-alive connections idle this long. 0 = 120s.
+	IdleTimeout time.Duration
+	// WriteTimeout bounds each write to the client, renewed per write, so
+	// a stream that makes progress is never cut but a client that stops
+	// reading is. 0 = 60s.
+	WriteTimeout time.Duration
+	// AllowedOrigins get CORS headers (and preflight answers); "*" allows
+	// any origin. Empty: no CORS, so browsers keep other sites out.
+	AllowedOrigins []string
+	// AllowedHosts are Host header names accepted besides localhost,
+	// 127.0.0.1 and [::1] when the server listens on loopback only (DNS
+	// rebinding protection); "*" turns the check off.
+	AllowedHosts []string
 }
 
 // Server serves the OpenAI-compatible API over a Backend.
@@ -64,6 +92,10 @@ type Server struct {
 
 	inflight atomic.Int64 // admitted generation requests
 	draining atomic.Bool
+	cut      atomic.Bool // drain grace ran out: remaining requests are being cancelled
+	loopback atomic.Bool // listening on loopback only: check Host headers
+	abort    chan struct{}
+	abortMu  sync.Once
 
 	httpReqs *prometheus.CounterVec
 	httpDur  *prometheus.HistogramVec
@@ -84,7 +116,8 @@ func New(b Backend, o Options) *Server {
 	if o.Version == "" {
 		o.Version = "dev"
 	}
-	s := &Server{b: b, o: o, created: time.Now().Unix(), log: o.Logger}
+	o.setTimeouts()
+	s := &Server{b: b, o: o, created: time.Now().Unix(), log: o.Logger, abort: make(chan struct{})}
 	if s.log == nil {
 		s.log = slog.New(slog.NewTextHandler(io.Discard, nil))
 	}
@@ -104,25 +137,25 @@ func New(b Backend, o Options) *Server {
 	if o.Registry != nil {
 		m.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
 	}
-	m.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
-			Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path), Code: "not_found"})
-	})
+	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
 }
 
-// Handler returns the HTTP handler with body limits and metrics applied.
+// Handler returns the HTTP handler with body limits, metrics and the
+// Host/CORS/Content-Type screening applied. The Host check and the
+// connection deadlines and cap take effect only under Serve.
 func (s *Server) Handler() http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		r.Body = http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes)
-		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK}
+		rec := &statusRecorder{ResponseWriter: w, status: http.StatusOK, rc: http.NewResponseController(w), wt: s.o.WriteTimeout}
 		if s.httpLive != nil {
 			s.httpLive.Inc()
 			defer s.httpLive.Dec()
 		}
-		s.mux.ServeHTTP(rec, r)
+		if s.screen(rec, r) {
+			s.mux.ServeHTTP(rec, r)
+		}
 		if rec.status >= 500 {
 			s.log.Warn("server: request failed", "method", r.Method, "path", r.URL.Path, "status", rec.status)
 		}
@@ -149,9 +182,12 @@ func (s *Server) ListenAndServe(ctx context.Context, addr string, grace time.Dur
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	baseCtx, cancelAll := context.WithCancel(context.Background())
 	defer cancelAll()
+	s.loopback.Store(isLoopback(ln.Addr()))
+	ln = newLimitListener(ln, s.o.MaxConnections)
 	hs := &http.Server{
 		Handler:           s.Handler(),
-		ReadHeaderTimeout: 30 * time.Second,
+		ReadHeaderTimeout: s.o.ReadHeaderTimeout,
+		IdleTimeout:       s.o.IdleTimeout,
 		BaseContext:       func(net.Listener) context.Context { return baseCtx },
 		ErrorLog:          slog.NewLogLogger(s.log.Handler(), slog.LevelWarn),
 	}
@@ -166,15 +202,47 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	s.log.Info("server: draining", "in_flight", s.inflight.Load(), "grace", grace)
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
+	go func() {
+		select {
+		case <-s.abort:
+			cancel()
+		case <-sctx.Done():
+		}
+	}()
 	if err := hs.Shutdown(sctx); err != nil {
-		// Grace ran out: cancel the remaining requests so the engine frees
-		// their KV blocks, then drop the connections.
+		// Grace ran out (or Abort): cancel the remaining requests so the
+		// engine frees their KV blocks, give their handlers a moment to
+		// answer 503, then drop the connections.
 		s.log.Warn("server: drain grace expired, cancelling", "in_flight", s.inflight.Load())
+		s.cut.Store(true)
 		cancelAll()
+		cctx, ccancel := context.WithTimeout(context.Background(), cutAnswerTime)
+		_ = hs.Shutdown(cctx)
+		ccancel()
 		_ = hs.Close()
 	}
 	<-errc
 	return nil
+}
+
+// cutAnswerTime is how long requests cancelled at the drain deadline get
+// to write their 503 before the connections are closed.
+const cutAnswerTime = time.Second
+
+// Abort ends a drain at once: the requests still running are cancelled
+// (they answer 503) instead of being given the rest of the grace period.
+// Before a drain has begun it only marks that one should not wait.
+func (s *Server) Abort() { s.abortMu.Do(func() { close(s.abort) }) }
+
+// cutError is the answer for a request whose context ended because the
+// drain deadline passed, or nil when the context ended for another reason
+// (the client left).
+func (s *Server) cutError() *apiError {
+	if !s.cut.Load() {
+		return nil
+	}
+	return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
+		Message: "server shut down before the request finished"}
 }
 
 // admit counts a generation request in; false means the server is full or
@@ -201,10 +269,12 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	if s.o.APIKey == "" {
 		return h
 	}
-	want := []byte("Bearer " + s.o.APIKey)
+	want := []byte(s.o.APIKey)
 	return func(w http.ResponseWriter, r *http.Request) {
-		got := []byte(r.Header.Get("Authorization"))
-		if subtle.ConstantTimeCompare(got, want) != 1 {
+		// RFC 7235: the scheme name is case-insensitive.
+		scheme, tok, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+		got := []byte(strings.TrimSpace(tok))
+		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got, want) != 1 {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pagoda"`)
 			writeAPIError(w, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error",
 				Code: "invalid_api_key", Message: "missing or incorrect API key (Authorization: Bearer <key>)"})
@@ -293,8 +363,7 @@ func decodeBody(r *http.Request, v any) *apiError {
 			return &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)}
 		case errors.As(err, &ute):
-			field := strings.TrimPrefix(ute.Field, "commonParams.")
-			return badRequest(field, "invalid type for %q: expected %s, got JSON %s", field, ute.Type, ute.Value)
+			return typeError(ute)
 		case errors.As(err, &se):
 			return badRequest("", "malformed JSON body at offset %d: %v", se.Offset, err)
 		case errors.Is(err, io.EOF):
@@ -315,21 +384,34 @@ func newID(prefix string) string {
 	return prefix + hex.EncodeToString(b[:])
 }
 
+// statusRecorder notes the status for metrics and renews the write
+// deadline before every write, so a stream that keeps going is never cut
+// while a client that stops reading is.
 type statusRecorder struct {
 	http.ResponseWriter
 	status int
 	wrote  bool
+	rc     *http.ResponseController
+	wt     time.Duration
+}
+
+func (r *statusRecorder) renew() {
+	if r.wt > 0 {
+		_ = r.rc.SetWriteDeadline(time.Now().Add(r.wt))
+	}
 }
 
 func (r *statusRecorder) WriteHeader(code int) {
 	if !r.wrote {
 		r.status, r.wrote = code, true
 	}
+	r.renew()
 	r.ResponseWriter.WriteHeader(code)
 }
 
 func (r *statusRecorder) Write(b []byte) (int, error) {
 	r.wrote = true
+	r.renew()
 	return r.ResponseWriter.Write(b)
 }
 

@@ -702,6 +702,7 @@ func TestDisconnectCancels(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		body := fmt.Sprintf(`{"prompt":"hi","max_tokens":50,"stream":%v}`, stream)
 		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
 		errc := make(chan error, 1)
 		go func() {
 			resp, err := ts.Client().Do(req)
@@ -831,6 +832,7 @@ func TestNoGoroutineLeak(t *testing.T) {
 		post(t, ts, "/v1/completions", `{"prompt":["a","b"],"max_tokens":3}`)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
 		req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi","max_tokens":60,"stream":true}`))
+		req.Header.Set("Content-Type", "application/json")
 		if resp, err := ts.Client().Do(req); err == nil {
 			io.Copy(io.Discard, resp.Body)
 			resp.Body.Close()

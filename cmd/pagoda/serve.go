@@ -55,7 +55,7 @@ var serveLimits = []limit{
 	{"port", 0, 65535}, {"threads", 0, maxThreads}, {"ctx", 0, maxCtx},
 	{"kv-cache-fraction", 0.01, 0.95}, {"block-size", 1, 1024},
 	{"max-num-batched-tokens", 1, 1 << 20}, {"max-num-seqs", 1, 1 << 16}, {"max-waiting", 1, 1 << 24},
-	{"grace", 0, inf},
+	{"grace", 0, inf}, {"max-connections", 1, 1 << 20},
 }
 
 // checkBudget refuses a KV budget over the avail bytes the machine has (0 =
@@ -66,6 +66,55 @@ func checkBudget(budget, avail int64) error {
 		return fmt.Errorf("%.1f GiB is more than the %.1f GiB of memory available; give a smaller size", float64(budget)/(1<<30), float64(avail)/(1<<30))
 	}
 	return nil
+}
+
+// servedName is the API model name for a model path: the file name
+// without its model-format extension.
+func servedName(path string) string {
+	base := filepath.Base(filepath.Clean(path))
+	for _, ext := range []string{".gguf", ".bin"} {
+		if b, ok := strings.CutSuffix(base, ext); ok && b != "" {
+			return b
+		}
+	}
+	return base
+}
+
+// splitList reads a comma-separated flag value, dropping empty items.
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// drainSignals turns SIGINT/SIGTERM into contexts: the first signal ends
+// ctx (the server drains), a second aborts the drain and ends hard, for
+// an operator who will not wait out --grace.
+func drainSignals(abort func()) (ctx, hard context.Context, stop func()) {
+	ctx, soft := context.WithCancel(context.Background())
+	hard, hardStop := context.WithCancel(context.Background())
+	sigc := make(chan os.Signal, 2)
+	signal.Notify(sigc, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		select {
+		case <-sigc:
+		case <-hard.Done():
+			return
+		}
+		soft()
+		select {
+		case <-sigc:
+			log.Printf("pagoda: second signal, cancelling in-flight requests")
+			abort()
+			hardStop()
+		case <-hard.Done():
+		}
+	}()
+	return ctx, hard, func() { signal.Stop(sigc); soft(); hardStop() }
 }
 
 func runServe(args []string) error {
@@ -88,7 +137,10 @@ func runServe(args []string) error {
 	static := fs.Bool("static-batching", false, "static batching baseline (a batch starts and finishes together)")
 	noPrefix := fs.Bool("no-prefix-cache", false, "disable prefix caching")
 	chatTmpl := fs.String("chat-template", "", "file with a Jinja chat template overriding the model's")
-	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish")
+	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (a second signal cuts it short)")
+	maxConns := fs.Int("max-connections", 2048, "open client connections at most; more wait to be accepted")
+	origins := fs.String("allowed-origins", "", "comma-separated origins that get CORS headers (\"*\" = any); default none")
+	hosts := fs.String("allowed-hosts", "", "comma-separated Host names accepted besides localhost when listening on loopback (\"*\" = any)")
 	if err := parseFlags(fs, args, serveLimits); err != nil {
 		return err
 	}
@@ -133,7 +185,7 @@ func runServe(args []string) error {
 		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", *modelPath)
 	}
 	if *name == "" {
-		*name = strings.TrimSuffix(filepath.Base(*modelPath), ".gguf")
+		*name = servedName(*modelPath)
 	}
 	c := m.Config
 	reg := prometheus.NewRegistry()
@@ -152,9 +204,10 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg})
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
+		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts)})
+	ctx, hard, stopSignals := drainSignals(srv.Abort)
+	defer stopSignals()
 	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
@@ -164,9 +217,9 @@ func runServe(args []string) error {
 	log.Printf("pagoda: serving %s on http://%s (threads %d, KV %s blocks %d×%d tokens, budget %.1f MB)",
 		*name, ln.Addr(), m.Pool().Threads(), dt, st.KV.Blocks, *blockSize, float64(budget)/1e6)
 	err = srv.Serve(ctx, ln, *grace)
-	sctx, cancel := context.WithTimeout(context.Background(), *grace)
+	sctx, cancel := context.WithTimeout(hard, *grace)
 	defer cancel()
-	if serr := eng.Stop(sctx); err == nil && serr != nil && serr != context.DeadlineExceeded {
+	if serr := eng.Stop(sctx); err == nil && serr != nil && serr != context.DeadlineExceeded && serr != context.Canceled {
 		err = serr
 	}
 	log.Printf("pagoda: stopped")
