@@ -207,13 +207,15 @@ func (s *Server) setMaxTokens(r *engine.Request, p *commonParams, def int, field
 				Message: "This model's maximum context length is " + strconv.Itoa(ctxLen) + " tokens. However, your prompt has " +
 					strconv.Itoa(np) + " tokens, which leaves no room for the completion. Please reduce the length of the prompt."}
 		}
-		if asked != nil && np+want > ctxLen {
+		// want > ctxLen-np, not np+want > ctxLen: a max_tokens near 2^63
+		// would wrap the sum negative and pass.
+		if asked != nil && want > ctxLen-np {
 			return &apiError{Status: 400, Type: "invalid_request_error", Param: field, Code: "context_length_exceeded",
 				Message: "This model's maximum context length is " + strconv.Itoa(ctxLen) + " tokens. However, you requested " +
-					strconv.Itoa(np+want) + " tokens (" + strconv.Itoa(np) + " in the prompt, " + strconv.Itoa(want) +
+					strconv.FormatUint(uint64(np)+uint64(want), 10) + " tokens (" + strconv.Itoa(np) + " in the prompt, " + strconv.Itoa(want) +
 					" in the completion). Please reduce the length of the prompt or the completion."}
 		}
-		if want > 0 && np+want > ctxLen {
+		if want > ctxLen-np {
 			want = ctxLen - np
 		}
 	}

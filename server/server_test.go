@@ -488,6 +488,7 @@ func TestErrors(t *testing.T) {
 		{"empty prompt", "/v1/completions", `{"prompt":"","add_special_tokens":false}`, 400, "prompt", "empty"},
 		{"too long", "/v1/completions", `{"prompt":"` + long + `"}`, 400, "prompt", "maximum context length is 64 tokens. However, your prompt has 71 tokens"},
 		{"too long total", "/v1/completions", `{"prompt":"hi","max_tokens":62}`, 400, "max_tokens", "you requested 65 tokens (3 in the prompt, 62 in the completion)"},
+		{"total overflows", "/v1/completions", `{"prompt":"hi","max_tokens":9223372036854775807}`, 400, "max_tokens", "you requested 9223372036854775810 tokens (3 in the prompt, 9223372036854775807 in the completion)"},
 		{"chat too long", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + long + `"}]}`, 400, "messages", "maximum context length is 64"},
 		{"no messages", "/v1/chat/completions", `{"messages":[]}`, 400, "messages", ""},
 		{"bad role", "/v1/chat/completions", `{"messages":[{"role":"wizard","content":"x"}]}`, 400, "messages", "wizard"},
