@@ -145,3 +145,19 @@ func TestRunPromptTooLongNotEchoed(t *testing.T) {
 		t.Errorf("exit %d\nstdout:\n%s\nstderr:\n%s", code, stdout, stderr)
 	}
 }
+
+// TestRunBuiltinModel: with no -m, run tells a story from the model built
+// into the binary (stories260K's greedy continuation, as llama2.c gives it)
+// and says which model that is and how to pick another.
+func TestRunBuiltinModel(t *testing.T) {
+	code, out, errOut := pagoda(t, "run", "-p", "Once upon a time", "-n", "24", "--temp", "0")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errOut)
+	}
+	if want := "Once upon a time, there was a little girl named Lily. She loved to play"; !strings.HasPrefix(out, want) {
+		t.Errorf("story %q, want it to start %q", out, want)
+	}
+	if !strings.Contains(errOut, "built-in stories260K") || !strings.Contains(errOut, "-m") {
+		t.Errorf("stderr does not name the built-in model and -m: %q", errOut)
+	}
+}

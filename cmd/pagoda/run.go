@@ -9,15 +9,12 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"strings"
 
 	"pagoda/generate"
 	"pagoda/jinja"
 	"pagoda/model"
-	"pagoda/quant"
 	"pagoda/sample"
-	"pagoda/synth"
 	"pagoda/tokenizer"
 )
 
@@ -62,32 +59,6 @@ func (f *samplingFlags) params() sample.Params {
 	return p
 }
 
-// defaultModel makes (once) the small synthetic model that lets `pagoda
-// run` work on a fresh machine with nothing downloaded.
-func defaultModel() (string, error) {
-	dir, err := os.UserCacheDir()
-	if err != nil {
-		dir = os.TempDir()
-	}
-	path := filepath.Join(dir, "pagoda", "tiny-synth-q8_0.gguf")
-	if _, err := os.Stat(path); err == nil {
-		return path, nil
-	}
-	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return "", err
-	}
-	shape, err := synth.Preset("tiny")
-	if err != nil {
-		return "", err
-	}
-	fmt.Fprintf(os.Stderr, "pagoda: no -m given; writing a small synthetic model (random weights) to %s\n", path)
-	tmp := path + ".tmp"
-	if err := synth.Write(tmp, synth.Options{Shape: shape, Type: quant.Q8_0, Seed: 1}); err != nil {
-		return "", err
-	}
-	return path, os.Rename(tmp, path)
-}
-
 var runLimits = []limit{
 	{"n", 0, inf}, {"top-logprobs", 0, 20}, {"threads", 0, maxThreads}, {"ctx", 0, maxCtx},
 }
@@ -98,7 +69,7 @@ var samplingLimits = []limit{{"top-k", 0, inf}, {"penalty-last-n", 0, inf}, {"se
 
 func runRun(args []string) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: a small synthetic model)")
+	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: the built-in stories260K)")
 	prompt := fs.String("p", "", "prompt (none with --chat: interactive chat)")
 	tokPath := fs.String("tokenizer", "", "tokenizer file (GGUF, tokenizer.json, llama2.c tokenizer.bin) overriding the model's")
 	chat := fs.Bool("chat", false, "apply the model's chat template; interactive multi-turn chat when -p is empty")
@@ -120,12 +91,9 @@ func runRun(args []string) error {
 	if fs.NArg() > 0 {
 		return fmt.Errorf("unexpected arguments %q (the prompt goes in -p)", fs.Args())
 	}
-	path := *modelPath
-	if path == "" {
-		var err error
-		if path, err = defaultModel(); err != nil {
-			return err
-		}
+	path, err := resolveModel(*modelPath)
+	if err != nil {
+		return err
 	}
 	m, err := model.Open(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
 	if err != nil {

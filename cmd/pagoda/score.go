@@ -32,7 +32,7 @@ func parseIDs(s string) ([]int32, error) {
 
 func runScore(args []string) error {
 	fs := flag.NewFlagSet("score", flag.ContinueOnError)
-	modelPath := fs.String("m", "", "model file or directory")
+	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: the built-in stories260K)")
 	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
 	text := fs.String("text", "", "text to score (BOS added as the vocabulary says)")
 	file := fs.String("f", "", "file whose text to score")
@@ -44,9 +44,11 @@ func runScore(args []string) error {
 	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}}); err != nil {
 		return err
 	}
-	if *modelPath == "" {
-		return fmt.Errorf("-m MODEL is required")
+	path, err := resolveModel(*modelPath)
+	if err != nil {
+		return err
 	}
+	*modelPath = path
 	m, err := model.Open(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference})
 	if err != nil {
 		return err

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"pagoda/embedded"
 	"pagoda/engine"
 	"pagoda/kvcache"
 	"pagoda/model"
@@ -119,7 +120,7 @@ func drainSignals(abort func()) (ctx, hard context.Context, stop func()) {
 
 func runServe(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
-	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory")
+	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: the built-in stories260K)")
 	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
 	name := fs.String("served-model-name", "", "model name in the API (default: the file name)")
 	host := fs.String("host", "127.0.0.1", "listen address")
@@ -144,9 +145,12 @@ func runServe(args []string) error {
 	if err := parseFlags(fs, args, serveLimits); err != nil {
 		return err
 	}
-	if *modelPath == "" {
-		return fmt.Errorf("-m MODEL is required")
+	builtin := *modelPath == ""
+	path, err := resolveModel(*modelPath)
+	if err != nil {
+		return err
 	}
+	*modelPath = path
 	if *apiKey == "" {
 		*apiKey = os.Getenv("PAGODA_API_KEY")
 	}
@@ -186,6 +190,9 @@ func runServe(args []string) error {
 	}
 	if *name == "" {
 		*name = servedName(*modelPath)
+		if builtin {
+			*name = embedded.Name
+		}
 	}
 	c := m.Config
 	reg := prometheus.NewRegistry()

@@ -1,0 +1,24 @@
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"pagoda/embedded"
+)
+
+// resolveModel turns a -m value into a file or directory the loaders open.
+// No value means the model built into the binary, and the user is told
+// which model that is and how to pick another, so its small stories are
+// not mistaken for what Pagoda can do.
+func resolveModel(ref string) (string, error) {
+	if ref != "" {
+		return ref, nil
+	}
+	path, err := embedded.Path("")
+	if err != nil {
+		return "", fmt.Errorf("no -m given and the built-in model could not be written out: %w", err)
+	}
+	fmt.Fprintf(os.Stderr, "pagoda: no -m given: using the built-in %s (a 260K-parameter model trained on children's stories); pass -m FILE.gguf for another\n", embedded.Name)
+	return path, nil
+}
