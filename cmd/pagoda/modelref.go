@@ -5,15 +5,32 @@ import (
 	"os"
 
 	"pagoda/embedded"
+	"pagoda/hub"
 )
 
 // resolveModel turns a -m value into a file or directory the loaders open.
 // No value means the model built into the binary, and the user is told
 // which model that is and how to pick another, so its small stories are
-// not mistaken for what Pagoda can do.
+// not mistaken for what Pagoda can do. A hub reference or URL is pulled on
+// first use and taken from the cache afterwards, without the network; a
+// local path that happens to look like a reference stays a local path.
 func resolveModel(ref string) (string, error) {
 	if ref != "" {
-		return ref, nil
+		if _, err := os.Stat(ref); err == nil || !hub.IsRef(ref) {
+			return ref, nil
+		}
+		r, err := hub.ParseRef(ref)
+		if err != nil {
+			return "", err
+		}
+		cache, err := hub.DefaultCache()
+		if err != nil {
+			return "", err
+		}
+		if p, ok := cache.Lookup(r); ok {
+			return p, nil
+		}
+		return pullModel(ref, false)
 	}
 	path, err := embedded.Path("")
 	if err != nil {
