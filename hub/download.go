@@ -55,8 +55,12 @@ func (c *Client) Download(ctx context.Context, u, dest string, want File) (err e
 		return err
 	}
 	defer func() {
-		if f != nil {
-			f.Close()
+		if f == nil {
+			return
+		}
+		// An empty partial file has nothing to resume; it would only litter.
+		if st, serr := f.Stat(); f.Close() == nil && err != nil && serr == nil && st.Size() == 0 {
+			os.Remove(partial)
 		}
 	}()
 	h := sha256.New()

@@ -385,3 +385,23 @@ func TestBarPlainAndTTY(t *testing.T) {
 		t.Errorf("terminal progress %q, want %q", buf.String(), want)
 	}
 }
+
+// A download that fails before any byte arrives leaves no empty partial.
+func TestPullFailureLeavesNoEmptyPartial(t *testing.T) {
+	h := newFakeHub(t, repoFiles())
+	h.hub.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.Contains(r.URL.Path, "/resolve/") {
+			http.Error(w, "gone", http.StatusInternalServerError)
+			return
+		}
+		h.serveHub(w, r)
+	})
+	cache := Cache{t.TempDir()}
+	if _, err := pull(t, h.client(""), cache, "hf.co/own/repo"); err == nil || !strings.Contains(err.Error(), "500") {
+		t.Fatalf("err %v, want the server's 500", err)
+	}
+	left, _ := filepath.Glob(filepath.Join(cache.Dir, "hf.co", "own", "repo", "*"))
+	if len(left) != 0 {
+		t.Errorf("files left after a failed pull: %v", left)
+	}
+}
