@@ -17,9 +17,12 @@ function headers(json) {
   return h;
 }
 
+// askKey shows the key form; focus moves there only when it appears, as
+// the engine poll asks again every second.
 function askKey(why) {
-  $("keyform").hidden = false;
   $("status").textContent = why;
+  if (!$("keyform").hidden) return;
+  $("keyform").hidden = false;
   $("apikey").focus();
 }
 
