@@ -116,6 +116,7 @@ type Engine struct {
 	mu       sync.Mutex
 	inNew    []*request
 	inCancel []*request
+	inBlocks []chan kvcache.BlockMap
 	stopping bool
 	wake     chan struct{}
 	queued   atomic.Int64
@@ -126,10 +127,11 @@ type Engine struct {
 	stats                atomic.Pointer[Stats]
 
 	// Owned by the loop goroutine.
-	sch     *scheduler
-	st      Stats
-	batch   model.Batch
-	scratch []float32
+	sch       *scheduler
+	st        Stats
+	blockWant []chan kvcache.BlockMap // Blocks callers, answered at publish
+	batch     model.Batch
+	scratch   []float32
 }
 
 type request struct {
@@ -256,6 +258,34 @@ func (e *Engine) Stop(ctx context.Context) error {
 
 // Stats returns the snapshot of the last step.
 func (e *Engine) Stats() Stats { return *e.stats.Load() }
+
+// Blocks returns a picture of the KV block pool. The loop goroutine owns
+// the cache, so it takes the copy between steps; the copy is O(blocks), so
+// it is made only when asked for, never every step. Before Start it waits
+// for ctx.
+func (e *Engine) Blocks(ctx context.Context) (kvcache.BlockMap, error) {
+	ch := make(chan kvcache.BlockMap, 1)
+	e.mu.Lock()
+	e.inBlocks = append(e.inBlocks, ch)
+	e.mu.Unlock()
+	e.poke()
+	select {
+	case m := <-ch:
+		return m, nil
+	case <-e.done:
+		select {
+		case m := <-ch:
+			return m, nil
+		default:
+		}
+		// The loop has returned, so nothing changes the cache any more.
+		var m kvcache.BlockMap
+		e.kv.Blocks(&m)
+		return m, nil
+	case <-ctx.Done():
+		return kvcache.BlockMap{}, ctx.Err()
+	}
+}
 
 // Submit queues r and returns its event stream, closed after the final
 // event (the one carrying Usage). Cancelling ctx cancels the request and
@@ -416,6 +446,8 @@ func (e *Engine) takeInbox() {
 	e.mu.Lock()
 	news, cancels := e.inNew, e.inCancel
 	e.inNew, e.inCancel = nil, nil
+	e.blockWant = append(e.blockWant, e.inBlocks...)
+	e.inBlocks = nil
 	e.mu.Unlock()
 	for _, r := range news {
 		e.sch.add(r)
@@ -517,6 +549,12 @@ func (e *Engine) publish() {
 	st.KVUsage = st.KV.UsedFrac()
 	st.PrefixQueries, st.PrefixHits = e.kv.Pool().Queries, e.kv.Pool().Hits
 	e.stats.Store(&st)
+	for _, ch := range e.blockWant {
+		var m kvcache.BlockMap
+		e.kv.Blocks(&m)
+		ch <- m
+	}
+	e.blockWant = e.blockWant[:0]
 	e.m.running.Set(float64(st.Running))
 	e.m.waiting.Set(float64(st.Waiting))
 	e.m.kvUsage.Set(st.KVUsage)

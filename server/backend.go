@@ -4,7 +4,8 @@
 //
 // Endpoints: POST /v1/completions, POST /v1/chat/completions, GET
 // /v1/models, POST /tokenize and /detokenize (vLLM's shapes), GET /health,
-// /version and /metrics.
+// /version and /metrics; GET / is a web page (chat and a live engine view
+// fed by GET /api/engine, which needs the API key like /v1/*).
 //
 // Deliberately unsupported (400, naming the field): suffix, echo together
 // with logprobs (prompt logprobs), best_of other than n, response_format

@@ -79,6 +79,10 @@ type Options struct {
 	// 127.0.0.1 and [::1] when the server listens on loopback only (DNS
 	// rebinding protection); "*" turns the check off.
 	AllowedHosts []string
+	// Engine feeds the web page's engine view (GET /api/engine, behind the
+	// API key). nil: the endpoint answers 404 and the page shows the chat
+	// only.
+	Engine EngineViewer
 }
 
 // Server serves the OpenAI-compatible API over a Backend.
@@ -137,6 +141,7 @@ func New(b Backend, o Options) *Server {
 	if o.Registry != nil {
 		m.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
 	}
+	s.registerWeb(m)
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
@@ -421,8 +426,11 @@ func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter 
 func metricPath(p string) string {
 	switch p {
 	case "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-		"/health", "/version", "/metrics":
+		"/health", "/version", "/metrics", "/api/engine", "/":
 		return p
+	}
+	if strings.HasPrefix(p, "/static/") {
+		return "/static/{file}"
 	}
 	if strings.HasPrefix(p, "/v1/models/") {
 		return "/v1/models/{id}"

@@ -212,7 +212,7 @@ func runServe(args []string) error {
 		return err
 	}
 	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
-		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts)})
+		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng})
 	ctx, hard, stopSignals := drainSignals(srv.Abort)
 	defer stopSignals()
 	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
