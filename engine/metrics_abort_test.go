@@ -2,7 +2,11 @@ package engine
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"pagoda/model"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -15,7 +19,15 @@ func TestCancelledRequestCounted(t *testing.T) {
 	cfg.KVBlocks = 64
 	cfg.Registry = reg
 	cfg.ModelName = "fake"
-	e := startEngine(t, &fakeModel{}, cfg)
+	// The second forward pass waits until the engine holds the cancel, so
+	// a busy machine cannot let the request run to its length limit first.
+	gm := &gatedModel{gate: make(chan struct{})}
+	e, err := New(gm, newFakeTok(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start()
+	t.Cleanup(func() { e.Stop(context.Background()) })
 	ctx, cancel := context.WithCancel(context.Background())
 	ch, err := e.Submit(ctx, &Request{Prompt: []int32{4, 5, 6}, IgnoreEOS: true})
 	if err != nil {
@@ -23,6 +35,18 @@ func TestCancelledRequestCounted(t *testing.T) {
 	}
 	<-ch
 	cancel()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		e.mu.Lock()
+		queued := len(e.inCancel) > 0
+		e.mu.Unlock()
+		if queued {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the cancel never reached the engine")
+		}
+	}
+	close(gm.gate)
 	for range ch { // the engine closes it once it has seen the cancel
 	}
 	e.Stop(context.Background())
@@ -46,4 +70,19 @@ func TestCancelledRequestCounted(t *testing.T) {
 	if got["abort"] != 1 || len(got) != 1 {
 		t.Fatalf("request_success_total by finished_reason = %v, want abort=1 only", got)
 	}
+}
+
+// gatedModel is fakeModel whose forward passes after the first wait for
+// gate to close.
+type gatedModel struct {
+	fakeModel
+	gate  chan struct{}
+	calls atomic.Int32
+}
+
+func (g *gatedModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error) {
+	if g.calls.Add(1) > 1 {
+		<-g.gate
+	}
+	return g.fakeModel.Forward(b, kv)
 }
