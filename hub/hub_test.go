@@ -362,7 +362,7 @@ func TestBarPlainAndTTY(t *testing.T) {
 	now := func() time.Time { return clock }
 	var buf bytes.Buffer
 	b := NewBar(&buf, false, "m.gguf")
-	b.now = now
+	b.Now = now
 	b.Start(0, 4<<20)
 	for i := int64(1); i <= 4; i++ {
 		clock = clock.Add(time.Second)
@@ -375,7 +375,7 @@ func TestBarPlainAndTTY(t *testing.T) {
 	}
 	buf.Reset()
 	b = NewBar(&buf, true, "m.gguf")
-	b.now = now
+	b.Now = now
 	b.Start(1<<20, 4<<20)
 	clock = clock.Add(time.Second)
 	b.Update(2 << 20)
