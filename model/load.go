@@ -29,6 +29,9 @@ type Options struct {
 	Reference bool
 	// ContextLen overrides the context length (0 = the model's).
 	ContextLen int
+	// Progress, when set, is called after each weight matrix is repacked
+	// for the kernels, the part of loading that grows with the model.
+	Progress func(done, total int)
 }
 
 // Open loads a model from a GGUF file, a llama2.c checkpoint (.bin) or a

@@ -58,9 +58,13 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	}
 	// Repack into the kernels' layouts now, so the first request does not
 	// pay for it (the plain Go set packs nothing).
-	for _, mat := range w.Matrices() {
+	mats := w.Matrices()
+	for i, mat := range mats {
 		if mat != w.Embd || c.TiedOutput {
 			m.ops.Prepack(m.pool, mat)
+		}
+		if o.Progress != nil {
+			o.Progress(i+1, len(mats))
 		}
 	}
 	return m, nil

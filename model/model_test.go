@@ -499,3 +499,35 @@ func TestGoldenOllamaTiny(t *testing.T) {
 		t.Errorf("top-1 %.4f below %.4f", top1, gs[0].Criteria.Top1Min)
 	}
 }
+
+// Loading reports each repacked matrix once, in order, ending at the total,
+// which is what the CLI's load bar counts on.
+func TestOpenProgress(t *testing.T) {
+	path := testutil.Shared(t, "golden/models/g-llama-gqa.Q8_0.gguf")
+	var got []int
+	total := -1
+	m, err := model.Open(path, model.Options{Threads: 1, Progress: func(done, n int) {
+		if total >= 0 && n != total {
+			t.Errorf("total changed from %d to %d", total, n)
+		}
+		total = n
+		got = append(got, done)
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	// The golden llama has 7 matrices per layer, plus the embedding and
+	// the output.
+	if want := 7*m.Config.NLayer + 2; total != want && total != want-1 {
+		t.Errorf("total %d, want %d (or %d with a tied output)", total, want, want-1)
+	}
+	for i, d := range got {
+		if d != i+1 {
+			t.Fatalf("progress %v, want 1, 2, … %d", got, total)
+		}
+	}
+	if len(got) != total {
+		t.Errorf("%d calls, want %d", len(got), total)
+	}
+}
