@@ -88,6 +88,10 @@ func (b *Bar) show() {
 	fmt.Fprintln(b.w, msg)
 }
 
+// SetTotal sets the total once it is known, for work that starts before
+// it can count its parts.
+func (b *Bar) SetTotal(total int64) { b.total = total }
+
 // Update reports done of the total done so far. Redraws are limited to
 // five a second: a terminal fed every 1 MB write would flicker and cost
 // time.

@@ -87,7 +87,7 @@ func runBench(args []string) error {
 	for _, t := range tests {
 		maxN = max(maxN, t.N)
 	}
-	m, err := model.Open(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN, 0)})
+	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN, 0)})
 	if err != nil {
 		return err
 	}

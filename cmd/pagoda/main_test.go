@@ -7,9 +7,12 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
 	"strings"
 	"testing"
+
+	"pagoda/testutil"
 )
 
 // bin is the pagoda binary TestMain builds once, so the tests see exit
@@ -159,5 +162,27 @@ func TestRunBuiltinModel(t *testing.T) {
 	}
 	if !strings.Contains(errOut, "built-in stories260K") || !strings.Contains(errOut, "-m") {
 		t.Errorf("stderr does not name the built-in model and -m: %q", errOut)
+	}
+}
+
+// quantize reports on stderr in a few plain lines (stderr is no terminal
+// here) ending in a summary with the size and time; stdout stays empty.
+func TestQuantizeProgressSummary(t *testing.T) {
+	in := testutil.Shared(t, "golden/models/g-llama-gqa.F32.gguf")
+	out := filepath.Join(t.TempDir(), "out.gguf")
+	code, stdout, stderr := pagoda(t, "quantize", in, out, "-type", "Q8_0")
+	if code != 0 {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	if stdout != "" {
+		t.Errorf("stdout %q, want nothing", stdout)
+	}
+	lines := strings.Split(strings.TrimSuffix(stderr, "\n"), "\n")
+	summary := regexp.MustCompile(`^quantized out\.gguf: \d+ tensors, [0-9.]+ [KM]iB in [0-9.]+m?s \([0-9.]+ [KMG]?i?B/s\)$`)
+	if len(lines) < 2 || len(lines) > 5 || lines[0] != "quantizing out.gguf" || !summary.MatchString(lines[len(lines)-1]) {
+		t.Errorf("stderr, want a start line, quarters and a summary:\n%s", stderr)
+	}
+	if strings.Contains(stderr, "\r") {
+		t.Errorf("stderr redraws a line though it is no terminal: %q", stderr)
 	}
 }

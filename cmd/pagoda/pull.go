@@ -20,13 +20,6 @@ func init() {
 
 const cacheHelp = "The cache is $PAGODA_MODELS (default: pagoda/models in the user cache folder)."
 
-// stderrIsTerminal decides between a redrawn progress line and plain log
-// lines: carriage returns make a mess of a log file or CI output.
-func stderrIsTerminal() bool {
-	st, err := os.Stderr.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0 && os.Getenv("TERM") != "dumb"
-}
-
 // pullModel downloads ref into the cache (or finds it there) and returns
 // its path. An interrupt stops the download and keeps the partial file, so
 // the next pull resumes it.

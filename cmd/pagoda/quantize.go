@@ -33,13 +33,6 @@ func parseInterspersed(fs *flag.FlagSet, args []string) ([]string, error) {
 	return pos, nil
 }
 
-func progress(done, total int) {
-	fmt.Fprintf(os.Stderr, "\r%d/%d tensors", done, total)
-	if done == total {
-		fmt.Fprintln(os.Stderr)
-	}
-}
-
 func runQuantize(args []string) error {
 	fs := flag.NewFlagSet("quantize", flag.ContinueOnError)
 	typ := fs.String("type", "", "target file type: Q8_0, Q4_0, Q4_K_M, Q5_K_S, Q6_K, F16, … (required)")
@@ -66,7 +59,7 @@ func runQuantize(args []string) error {
 	if err != nil {
 		return err
 	}
-	o := convert.QuantizeOptions{Type: t, Mix: mix, AllowRequantize: *requant, Tokenizer: *tok, Threads: *threads, Progress: progress}
+	o := convert.QuantizeOptions{Type: t, Mix: mix, AllowRequantize: *requant, Tokenizer: *tok, Threads: *threads}
 	if *pure {
 		o.Mix = "pure"
 	}
@@ -94,7 +87,11 @@ func runQuantize(args []string) error {
 		fmt.Fprintf(w, "total\t\t\t%d (%.1f MB)\n", total, float64(total)/1e6)
 		return w.Flush()
 	}
-	return convert.Quantize(pos[0], pos[1], o)
+	update, finish := tensorBar("quantizing", "quantized", pos[1])
+	o.Progress = update
+	err = convert.Quantize(pos[0], pos[1], o)
+	finish(err)
+	return err
 }
 
 func runConvert(args []string) error {
@@ -107,5 +104,8 @@ func runConvert(args []string) error {
 	if len(pos) != 2 {
 		return fmt.Errorf("usage: pagoda convert IN OUT [-tokenizer FILE]")
 	}
-	return convert.ToGGUF(pos[0], pos[1], convert.ConvertOptions{Tokenizer: *tok, Progress: progress})
+	update, finish := tensorBar("converting", "converted", pos[1])
+	err = convert.ToGGUF(pos[0], pos[1], convert.ConvertOptions{Tokenizer: *tok, Progress: update})
+	finish(err)
+	return err
 }

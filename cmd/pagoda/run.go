@@ -95,7 +95,7 @@ func runRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	m, err := model.Open(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
+	m, err := openModel(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
 	if err != nil {
 		return err
 	}

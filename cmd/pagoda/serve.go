@@ -179,7 +179,7 @@ func runServe(args []string) error {
 		}
 		tmpl = string(b)
 	}
-	m, err := model.Open(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
+	m, err := openModel(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
 	if err != nil {
 		return err
 	}
