@@ -32,7 +32,7 @@ func TestPromptLogprobs(t *testing.T) {
 	}
 	cfg := modelConfig(m)
 	cfg.MaxNumBatchedTokens = 5 // several prefill chunks
-	cfg.KVDType = kvcache.F32 // as ScoreTokens keeps it
+	cfg.KVDType = kvcache.F32   // as ScoreTokens keeps it
 	cfg.KVBlocks = 64
 	e, err := New(m, tok, cfg)
 	if err != nil {
