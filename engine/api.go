@@ -19,6 +19,12 @@ type Request struct {
 	IgnoreEOS   bool
 	TopLogprobs int // 0 = none; >0: return that many alternatives per token (logprob of chosen always returned when Logprobs)
 	Logprobs    bool
+	// PromptLogprobs asks for the logprob (and TopLogprobs alternatives)
+	// of every prompt token after the first, streamed as Prompt events
+	// before the completion's first token. Such a request takes no prefix
+	// cache hits: cached positions are never computed, so their logits
+	// rows would not exist.
+	PromptLogprobs bool
 
 	// CacheSalt (vLLM's cache_salt) isolates prefix caching: requests
 	// share cached prompt blocks only with requests of the same salt, so
@@ -54,6 +60,9 @@ type Event struct {
 	Top     [][]TokenLogprob // per token in Tokens, when TopLogprobs > 0
 	Finish  FinishReason
 	Err     error
+	// Prompt marks prompt logprobs (Request.PromptLogprobs): Tokens are
+	// prompt tokens, Text is empty, and every completion gets a copy.
+	Prompt bool
 
 	// Set on the final event of the whole request (all N completions done).
 	Usage *Usage

@@ -147,6 +147,9 @@ type request struct {
 	forked   bool
 	admitted bool
 	cached   int
+	// promptDone counts prompt positions already scored for
+	// PromptLogprobs, so a recompute after preemption does not repeat them.
+	promptDone int
 
 	ended      bool
 	done       int

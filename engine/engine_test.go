@@ -214,6 +214,9 @@ func collect(t *testing.T, ch <-chan Event, n int) result {
 				t.Fatalf("error without FinishError: %v", ev.Err)
 			}
 			res.events = append(res.events, ev)
+			if ev.Prompt {
+				continue
+			}
 			res.tokens[ev.Index] = append(res.tokens[ev.Index], ev.Tokens...)
 			res.text[ev.Index] += ev.Text
 			if ev.Finish != FinishNone {

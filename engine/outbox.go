@@ -70,7 +70,7 @@ func coalesce(q []Event) []Event {
 	out := q[:1]
 	for _, ev := range q[1:] {
 		last := &out[len(out)-1]
-		if last.Index != ev.Index || last.Finish != FinishNone || last.Err != nil || last.Usage != nil ||
+		if last.Index != ev.Index || last.Finish != FinishNone || last.Err != nil || last.Usage != nil || last.Prompt != ev.Prompt ||
 			(last.Logprob == nil) != (ev.Logprob == nil) || (last.Top == nil) != (ev.Top == nil) {
 			out = append(out, ev)
 			continue

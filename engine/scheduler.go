@@ -42,6 +42,9 @@ type scheduled struct {
 	// a prompt chunk that does not finish the prompt, 1 for the last one
 	// or a plain decode, 1+len(draft) when verifying drafts.
 	rows int
+	// promptRows are logits rows just before rows that only score prompt
+	// tokens (Request.PromptLogprobs): position p's row gives token p+1.
+	promptRows int
 	// fork: the prompt of a request with N > 1 finishes here; Update forks
 	// the other completions off its blocks and the caller samples each.
 	fork bool
@@ -192,7 +195,7 @@ func (sc *scheduler) admitWaiting(p *plan, budget int) {
 			break
 		}
 		var hit []int32
-		if s.numComputed == 0 {
+		if s.numComputed == 0 && !s.req.r.PromptLogprobs {
 			hit = sc.kv.Lookup(s.tokens, s.req.extra)
 		}
 		from := len(hit) * sc.kv.BlockSize()
@@ -223,9 +226,15 @@ func (p *plan) add(s *sequence, n int) {
 	// Every position from the last token on predicts the next one.
 	w.rows = max(0, w.start+n-(len(s.tokens)-1))
 	w.fork = w.rows > 0 && s.req.r.N > 1 && !s.req.forked
+	if r := s.req; r.r.PromptLogprobs {
+		// Scored positions end where the sample rows begin, so the two
+		// runs of rows stay contiguous at the chunk's end.
+		from := max(w.start, r.promptDone)
+		w.promptRows = max(0, min(w.start+n, len(r.r.Prompt)-1)-from)
+	}
 	p.seqs = append(p.seqs, w)
 	p.tokens += n
-	p.rows += w.rows
+	p.rows += w.rows + w.promptRows
 }
 
 // maxChunk is the most tokens one sequence computes in a step.

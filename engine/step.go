@@ -55,7 +55,7 @@ func (e *Engine) buildBatch(p *plan) {
 			b.Tokens = append(b.Tokens, w.token(j))
 			b.Pos = append(b.Pos, int32(w.start+j))
 			b.Seq = append(b.Seq, w.seq.id)
-			b.Logits = append(b.Logits, j >= w.n-w.rows)
+			b.Logits = append(b.Logits, j >= w.n-w.rows-w.promptRows)
 		}
 	}
 }
@@ -72,6 +72,10 @@ func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 	row := 0
 	for i := range p.seqs {
 		w := &p.seqs[i]
+		if w.promptRows > 0 {
+			e.scorePrompt(w, logits[row*V:(row+w.promptRows)*V])
+			row += w.promptRows
+		}
 		if w.rows == 0 {
 			continue
 		}
@@ -96,6 +100,33 @@ func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 		}
 	}
 	return res
+}
+
+// scorePrompt streams the logprobs of the prompt tokens that w's prompt
+// rows predict, one copy per completion, as each chunk of the prompt is
+// computed, so no row outlives its step.
+func (e *Engine) scorePrompt(w *scheduled, rows []float32) {
+	r := w.seq.req
+	V := e.cfg.VocabSize
+	from := r.promptDone
+	ev := Event{Prompt: true, Tokens: make([]int32, w.promptRows), Logprob: make([]float32, w.promptRows)}
+	if r.r.TopLogprobs > 0 {
+		ev.Top = make([][]TokenLogprob, w.promptRows)
+	}
+	for j := range w.promptRows {
+		lg := rows[j*V : (j+1)*V]
+		tok := r.r.Prompt[from+j+1]
+		ev.Tokens[j] = tok
+		ev.Logprob[j] = sample.Logprob(lg, tok)
+		if ev.Top != nil {
+			ev.Top[j] = topLogprobs(lg, r.r.TopLogprobs)
+		}
+	}
+	r.promptDone += w.promptRows
+	for c := range r.comps {
+		ev.Index = c
+		r.out.push(ev, false)
+	}
 }
 
 // emit samples completion index of r from lg after history, streams the

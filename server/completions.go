@@ -131,13 +131,8 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 			writeAPIError(w, badRequest("logprobs", "logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.Logprobs))
 			return
 		}
-		if req.Echo {
-			// Echo with logprobs asks for prompt logprobs, which the engine
-			// does not compute; refusing beats returning nulls silently.
-			writeAPIError(w, badRequest("echo", "echo together with logprobs (prompt logprobs) is not supported"))
-			return
-		}
-		base.Logprobs, base.TopLogprobs = true, *req.Logprobs
+		// Echo with logprobs scores the prompt too, as vLLM does.
+		base.Logprobs, base.TopLogprobs, base.PromptLogprobs = true, *req.Logprobs, req.Echo
 	}
 	prompts, ae := parsePrompt(req.Prompt)
 	if ae != nil {
@@ -204,7 +199,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &completionRun{s: s, id: id, created: time.Now().Unix(), n: base.N, prompts: prompts,
-		echo: req.Echo, logprobs: base.Logprobs, usage: newUsageSum(reqs)}
+		echo: req.Echo, logprobs: base.Logprobs, promptLP: base.PromptLogprobs, usage: newUsageSum(reqs)}
 	if req.Stream {
 		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 	} else {
@@ -220,6 +215,7 @@ type completionRun struct {
 	prompts  []promptItem
 	echo     bool
 	logprobs bool
+	promptLP bool // echo with logprobs: the prompt's tokens lead each choice's logprobs
 	usage    *usageSum
 }
 
@@ -232,7 +228,7 @@ type completionChoice struct {
 
 type completionLogprobs struct {
 	Tokens        []string     `json:"tokens"`
-	TokenLogprobs []float64    `json:"token_logprobs"`
+	TokenLogprobs []*float64   `json:"token_logprobs"` // null for the first prompt token
 	TopLogprobs   []orderedMap `json:"top_logprobs"`
 	TextOffset    []int        `json:"text_offset"`
 }
@@ -264,6 +260,9 @@ type kv struct {
 }
 
 func (m orderedMap) MarshalJSON() ([]byte, error) {
+	if m == nil {
+		return []byte("null"), nil // the first prompt token has nothing to rank
+	}
 	var b bytes.Buffer
 	b.WriteByte('{')
 	for i, e := range m {
@@ -284,7 +283,8 @@ func (c *completionRun) addLogprobs(lp *completionLogprobs, entries []lpEntry, o
 	for _, e := range entries {
 		text := c.s.b.TokenText(e.id)
 		lp.Tokens = append(lp.Tokens, text)
-		lp.TokenLogprobs = append(lp.TokenLogprobs, clampLP(e.lp))
+		v := clampLP(e.lp)
+		lp.TokenLogprobs = append(lp.TokenLogprobs, &v)
 		top := make(orderedMap, 0, len(e.top)+1)
 		seen := make(map[string]bool, len(e.top)+1)
 		for _, t := range e.top {
@@ -301,6 +301,16 @@ func (c *completionRun) addLogprobs(lp *completionLogprobs, entries []lpEntry, o
 		lp.TextOffset = append(lp.TextOffset, *offset)
 		*offset += tokenRunes(text)
 	}
+}
+
+// promptLogprobs starts a choice's logprobs with the first prompt token,
+// which nothing predicts, so its logprob and alternatives are null.
+func (c *completionRun) promptLogprobs(prompt []int32, offset *int) *completionLogprobs {
+	text := c.s.b.TokenText(prompt[0])
+	lp := &completionLogprobs{Tokens: []string{text}, TokenLogprobs: []*float64{nil},
+		TopLogprobs: []orderedMap{nil}, TextOffset: []int{*offset}}
+	*offset += tokenRunes(text)
+	return lp
 }
 
 // tokenRunes is how many characters a token adds to the text; a partial
@@ -322,13 +332,17 @@ func (c *completionRun) collect(ctx context.Context, w http.ResponseWriter, even
 	finish := make([]engine.FinishReason, nc)
 	lps := make([]*completionLogprobs, nc)
 	offsets := make([]int, nc)
+	promptOff := make([]int, nc) // prompt tokens' offsets count from the text's start
 	for i := range nc {
 		if c.echo {
 			texts[i].WriteString(c.prompts[i/c.n].text)
 			offsets[i] = runeLen(c.prompts[i/c.n].text)
 		}
 		if c.logprobs {
-			lps[i] = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []float64{}, TopLogprobs: []orderedMap{}, TextOffset: []int{}}
+			lps[i] = &completionLogprobs{Tokens: []string{}, TokenLogprobs: []*float64{}, TopLogprobs: []orderedMap{}, TextOffset: []int{}}
+		}
+		if c.promptLP {
+			lps[i] = c.promptLogprobs(c.prompts[i/c.n].ids, &promptOff[i])
 		}
 	}
 	for t := range events {
@@ -339,6 +353,12 @@ func (c *completionRun) collect(ctx context.Context, w http.ResponseWriter, even
 		c.usage.add(t)
 		i := t.sub*c.n + t.ev.Index
 		if t.ev.Index < 0 || t.ev.Index >= c.n {
+			continue
+		}
+		if t.ev.Prompt {
+			// Prompt events come before the choice's first token, so
+			// appending keeps the prompt's entries ahead of the completion's.
+			c.addLogprobs(lps[i], eventLogprobs(&t.ev), &promptOff[i])
 			continue
 		}
 		texts[i].WriteString(t.ev.Text)
@@ -381,11 +401,26 @@ func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, event
 	out := newSSE(w, c.s.cutError)
 	nc := len(c.prompts) * c.n
 	offsets := make([]int, nc)
+	// With prompt logprobs each choice's echo chunk waits for the prompt's
+	// scores, which arrive over the prefill's steps; pending counts them.
+	promptLPs := make([]*completionLogprobs, nc)
+	pending := make([]int, nc)
+	sendEcho := func(i int) {
+		out.send(c.chunk([]completionChoice{{Index: i, Text: c.prompts[i/c.n].text, Logprobs: promptLPs[i]}}, includeUsage))
+		promptLPs[i] = nil
+	}
 	if c.echo {
 		for i := range nc {
-			p := c.prompts[i/c.n].text
-			offsets[i] = runeLen(p)
-			out.send(c.chunk([]completionChoice{{Index: i, Text: p}}, includeUsage))
+			p := c.prompts[i/c.n]
+			offsets[i] = runeLen(p.text)
+			if c.promptLP {
+				off := 0
+				promptLPs[i] = c.promptLogprobs(p.ids, &off)
+				if pending[i] = len(p.ids) - 1; pending[i] > 0 {
+					continue
+				}
+			}
+			sendEcho(i)
 		}
 	}
 	if !out.relay(ctx, events, c.usage, func(t tagged) {
@@ -393,6 +428,17 @@ func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, event
 			return
 		}
 		i := t.sub*c.n + t.ev.Index
+		if t.ev.Prompt {
+			if promptLPs[i] == nil {
+				return
+			}
+			off := promptLPs[i].TextOffset[len(promptLPs[i].TextOffset)-1] + tokenRunes(promptLPs[i].Tokens[len(promptLPs[i].Tokens)-1])
+			c.addLogprobs(promptLPs[i], eventLogprobs(&t.ev), &off)
+			if pending[i] -= len(t.ev.Tokens); pending[i] <= 0 {
+				sendEcho(i)
+			}
+			return
+		}
 		var lp *completionLogprobs
 		if c.logprobs && len(t.ev.Tokens) > 0 {
 			lp = &completionLogprobs{}

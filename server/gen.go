@@ -161,7 +161,7 @@ func (u *usageSum) add(t tagged) {
 		u.prompt[t.sub] = t.ev.Usage.PromptTokens
 		u.gen[t.sub] = t.ev.Usage.CompletionTokens
 		u.cached[t.sub] = t.ev.Usage.CachedTokens
-	} else if !u.got[t.sub] {
+	} else if !u.got[t.sub] && !t.ev.Prompt {
 		u.gen[t.sub] += len(t.ev.Tokens)
 	}
 }

@@ -468,7 +468,6 @@ func TestErrors(t *testing.T) {
 		{"max_tokens", "/v1/completions", `{"prompt":"hi","max_tokens":0}`, 400, "max_tokens", ""},
 		{"max_completion_tokens", "/v1/chat/completions", chat(`,"max_completion_tokens":-1`), 400, "max_completion_tokens", ""},
 		{"logprobs", "/v1/completions", `{"prompt":"hi","logprobs":21}`, 400, "logprobs", ""},
-		{"echo+logprobs", "/v1/completions", `{"prompt":"hi","logprobs":1,"echo":true}`, 400, "echo", ""},
 		{"top_logprobs alone", "/v1/chat/completions", chat(`,"top_logprobs":2`), 400, "top_logprobs", ""},
 		{"top_logprobs big", "/v1/chat/completions", chat(`,"logprobs":true,"top_logprobs":30`), 400, "top_logprobs", ""},
 		{"logit_bias key", "/v1/completions", `{"prompt":"hi","logit_bias":{"abc":1}}`, 400, "logit_bias", ""},

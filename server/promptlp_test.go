@@ -1,0 +1,132 @@
+package server
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"pagoda/engine"
+	"pagoda/generate"
+	"pagoda/kvcache"
+	"pagoda/model"
+	"pagoda/testutil"
+	"pagoda/tokenizer"
+)
+
+type echoLogprobs struct {
+	Tokens        []string             `json:"tokens"`
+	TokenLogprobs []*float64           `json:"token_logprobs"`
+	TopLogprobs   []map[string]float64 `json:"top_logprobs"`
+	TextOffset    []int                `json:"text_offset"`
+}
+
+// TestEchoLogprobs serves stories260K with a chunked prefill and checks
+// echo+logprobs: the prompt's logprobs (first null) equal teacher-forced
+// scoring, the completion's follow as without echo, and streaming gives
+// the same as the one-shot response.
+func TestEchoLogprobs(t *testing.T) {
+	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	m, err := model.Open(path, model.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	c := m.Config
+	eng, err := engine.New(m, m.Tokenizer(), engine.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		VocabSize: c.VocabSize, ContextLen: c.ContextLen, KVDType: kvcache.F32, MaxNumBatchedTokens: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start()
+	defer eng.Stop(context.Background())
+	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", c.ContextLen, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(be, Options{}).Handler())
+	defer ts.Close()
+
+	const text = "Once upon a time there was a little girl"
+	ids := m.Tokenizer().Encode(text, tokenizer.Options{AddSpecial: true})
+	ref, err := generate.ScoreTokens(m, ids, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := `{"prompt":"` + text + `","max_tokens":3,"temperature":0,"ignore_eos":true,"logprobs":2`
+	code, b := post(t, ts, "/v1/completions", req+`}`)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	plain := decode[struct {
+		Choices []struct {
+			Text     string
+			Logprobs echoLogprobs
+		}
+	}](t, b).Choices[0]
+	code, b = post(t, ts, "/v1/completions", req+`,"echo":true}`)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	echo := decode[struct {
+		Choices []struct {
+			Text     string
+			Logprobs echoLogprobs
+		}
+	}](t, b).Choices[0]
+	if echo.Text != text+plain.Text {
+		t.Errorf("text %q, want %q", echo.Text, text+plain.Text)
+	}
+	lp := echo.Logprobs
+	P := len(ids)
+	if len(lp.Tokens) != P+3 || len(lp.TokenLogprobs) != P+3 || len(lp.TopLogprobs) != P+3 || len(lp.TextOffset) != P+3 {
+		t.Fatalf("logprobs lengths %d %d %d %d, want %d", len(lp.Tokens), len(lp.TokenLogprobs), len(lp.TopLogprobs), len(lp.TextOffset), P+3)
+	}
+	if lp.TokenLogprobs[0] != nil || lp.TopLogprobs[0] != nil {
+		t.Errorf("first prompt token: logprob %v, top %v; want null", lp.TokenLogprobs[0], lp.TopLogprobs[0])
+	}
+	for i := 1; i < P; i++ {
+		if lp.TokenLogprobs[i] == nil || math.Abs(*lp.TokenLogprobs[i]-ref.Logprobs[i-1]) > 1e-4 {
+			t.Errorf("prompt token %d: logprob %v, ScoreTokens %v", i, lp.TokenLogprobs[i], ref.Logprobs[i-1])
+		}
+		if len(lp.TopLogprobs[i]) < 2 {
+			t.Errorf("prompt token %d: top %v", i, lp.TopLogprobs[i])
+		}
+	}
+	if !reflect.DeepEqual(lp.Tokens[P:], plain.Logprobs.Tokens) || !reflect.DeepEqual(lp.TokenLogprobs[P:], plain.Logprobs.TokenLogprobs) {
+		t.Errorf("completion logprobs %v %v, without echo %v %v", lp.Tokens[P:], lp.TokenLogprobs[P:], plain.Logprobs.Tokens, plain.Logprobs.TokenLogprobs)
+	}
+
+	// Streaming: the chunks' logprobs concatenate to the same lists.
+	var st echoLogprobs
+	var stText strings.Builder
+	for _, ev := range postStream(t, ts, "/v1/completions", req+`,"echo":true,"stream":true}`) {
+		if ev == "[DONE]" {
+			continue
+		}
+		var ch struct {
+			Choices []struct {
+				Text     string
+				Logprobs *echoLogprobs
+			}
+		}
+		if err := json.Unmarshal([]byte(ev), &ch); err != nil {
+			t.Fatal(err)
+		}
+		for _, c := range ch.Choices {
+			stText.WriteString(c.Text)
+			if c.Logprobs != nil {
+				st.Tokens = append(st.Tokens, c.Logprobs.Tokens...)
+				st.TokenLogprobs = append(st.TokenLogprobs, c.Logprobs.TokenLogprobs...)
+				st.TopLogprobs = append(st.TopLogprobs, c.Logprobs.TopLogprobs...)
+				st.TextOffset = append(st.TextOffset, c.Logprobs.TextOffset...)
+			}
+		}
+	}
+	if stText.String() != echo.Text || !reflect.DeepEqual(st, lp) {
+		t.Errorf("stream %q %+v\nwant %q %+v", stText.String(), st, echo.Text, lp)
+	}
+}
