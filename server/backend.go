@@ -10,8 +10,10 @@
 // Deliberately unsupported (400, naming the field): suffix, echo together
 // with logprobs (prompt logprobs), best_of other than n, response_format
 // other than text, tool_choice other than auto/none, continue_final_message,
-// non-text content parts. Tools reach the chat template only; tool calls in
-// the output are not parsed, they come back as plain content.
+// non-text content parts. Tool calls in the output are parsed into
+// tool_calls for Qwen (Hermes), Llama 3.x and Mistral templates when the
+// Backend shows its template (ChatTemplateSourcer); otherwise they come back
+// as plain content.
 package server
 
 import (

@@ -170,8 +170,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			tools = nil
 		case "auto":
 		default:
-			// Forcing a tool needs constrained decoding and a tool-call
-			// parser; tools only reach the template.
+			// Forcing a tool needs constrained decoding; without it the
+			// model may still answer in prose.
 			writeAPIError(w, badRequest("tool_choice", "tool_choice other than \"auto\" or \"none\" is not supported"))
 			return
 		}
@@ -202,6 +202,11 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs)}
+	if len(tools) > 0 {
+		if ts, ok := s.b.(ChatTemplateSourcer); ok {
+			c.tools = detectToolFormat(ts.ChatTemplateSource())
+		}
+	}
 	if req.Stream {
 		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 	} else {
@@ -216,6 +221,7 @@ type chatRun struct {
 	n        int
 	logprobs bool
 	usage    *usageSum
+	tools    toolFormat // toolNone: replies are never parsed for calls
 }
 
 type chatLogprobs struct {
@@ -237,9 +243,10 @@ type chatTop struct {
 }
 
 type chatMessageOut struct {
-	Role    string `json:"role"`
-	Content string `json:"content"`
-	Refusal any    `json:"refusal"`
+	Role      string        `json:"role"`
+	Content   *string       `json:"content"`
+	Refusal   any           `json:"refusal"`
+	ToolCalls []toolCallOut `json:"tool_calls,omitempty"`
 }
 
 type chatChoice struct {
@@ -260,8 +267,9 @@ type chatResponse struct {
 }
 
 type chatDelta struct {
-	Role    string  `json:"role,omitempty"`
-	Content *string `json:"content,omitempty"`
+	Role      string          `json:"role,omitempty"`
+	Content   *string         `json:"content,omitempty"`
+	ToolCalls []toolCallDelta `json:"tool_calls,omitempty"`
 }
 
 type chatChunkChoice struct {
@@ -338,8 +346,18 @@ func (c *chatRun) collect(ctx context.Context, w http.ResponseWriter, events <-c
 		if f == engine.FinishNone {
 			f = engine.FinishStop
 		}
-		resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: chatMessageOut{Role: "assistant", Content: texts[i].String()},
-			Logprobs: lps[i], FinishReason: finishString(f)})
+		msg := chatMessageOut{Role: "assistant"}
+		content, calls := splitToolCalls(c.tools, texts[i].String())
+		if len(calls) > 0 {
+			msg.ToolCalls = toolCallsOut(calls)
+			if f == engine.FinishStop {
+				f = finishToolCalls
+			}
+		}
+		if content != "" || len(calls) == 0 {
+			msg.Content = &content
+		}
+		resp.Choices = append(resp.Choices, chatChoice{Index: i, Message: msg, Logprobs: lps[i], FinishReason: finishString(f)})
 	}
 	writeJSON(w, resp)
 }
@@ -359,6 +377,8 @@ func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-ch
 	for i := range c.n {
 		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: chatDelta{Role: "assistant", Content: &empty}}}, includeUsage))
 	}
+	held := make([]strings.Builder, c.n) // reply text so far, when parsing tool calls
+	sent := make([]int, c.n)             // bytes of held already sent as content
 	if !out.relay(ctx, events, c.usage, func(t tagged) {
 		i := t.ev.Index
 		if i < 0 || i >= c.n {
@@ -368,15 +388,23 @@ func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-ch
 		if c.logprobs && len(t.ev.Tokens) > 0 {
 			lp = &chatLogprobs{Content: c.toLogprobs(eventLogprobs(&t.ev))}
 		}
-		if t.ev.Text == "" && lp == nil && t.ev.Finish == engine.FinishNone {
+		text, finish := t.ev.Text, t.ev.Finish
+		if c.tools != toolNone {
+			var calls []toolCall
+			text, calls = c.toolText(&held[i], &sent[i], text, finish)
+			if len(calls) > 0 {
+				c.sendToolCalls(out, i, text, lp, calls, finish, includeUsage)
+				return
+			}
+		}
+		if text == "" && lp == nil && finish == engine.FinishNone {
 			return
 		}
 		var d chatDelta
-		if t.ev.Text != "" || lp != nil {
-			text := t.ev.Text
+		if text != "" || lp != nil {
 			d.Content = &text
 		}
-		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: d, Logprobs: lp, FinishReason: finishString(t.ev.Finish)}}, includeUsage))
+		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: d, Logprobs: lp, FinishReason: finishString(finish)}}, includeUsage))
 	}) {
 		return
 	}
@@ -385,4 +413,44 @@ func (c *chatRun) stream(ctx context.Context, w http.ResponseWriter, events <-ch
 			Model: c.s.b.ModelName(), SystemFingerprint: c.s.fp, Choices: []chatChunkChoice{}}, Usage: c.usage.json()})
 	}
 	out.done()
+}
+
+// toolText adds text to a choice's reply and returns what may go out as
+// content now: text that cannot be part of a tool call. At the finish the
+// held tail is parsed; calls come back with the text around them, and a
+// tail that does not parse goes out as content.
+func (c *chatRun) toolText(held *strings.Builder, sent *int, text string, finish engine.FinishReason) (string, []toolCall) {
+	held.WriteString(text)
+	all := held.String()
+	if finish == engine.FinishNone {
+		h := max(holdFrom(c.tools, all), *sent)
+		out := all[*sent:h]
+		*sent = h
+		return out, nil
+	}
+	tail := all[*sent:]
+	*sent = len(all)
+	if i := markerIndex(c.tools, tail); i >= 0 {
+		if rest, calls, ok := parseToolCalls(c.tools, tail[i:]); ok && len(calls) > 0 {
+			return tail[:i] + strings.TrimSpace(rest), calls
+		}
+	}
+	return tail, nil
+}
+
+// sendToolCalls ends a choice whose reply held tool calls: the remaining
+// content, one delta per call, then the finish reason on its own, as
+// OpenAI streams them.
+func (c *chatRun) sendToolCalls(out *sse, i int, text string, lp *chatLogprobs, calls []toolCall, finish engine.FinishReason, withUsage bool) {
+	if text != "" || lp != nil {
+		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: chatDelta{Content: &text}, Logprobs: lp}}, withUsage))
+	}
+	for k, tc := range toolCallsOut(calls) {
+		d := chatDelta{ToolCalls: []toolCallDelta{{Index: k, ID: tc.ID, Type: tc.Type, Function: tc.Function}}}
+		out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: d}}, withUsage))
+	}
+	if finish == engine.FinishStop {
+		finish = finishToolCalls
+	}
+	out.send(c.chunk([]chatChunkChoice{{Index: i, Delta: chatDelta{}, FinishReason: finishString(finish)}}, withUsage))
 }

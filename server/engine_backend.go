@@ -26,6 +26,7 @@ type EngineBackend struct {
 	name   string
 	ctxLen int
 	tmpl   *jinja.Template // nil: the model has no chat template
+	src    string          // tmpl's source, for the tool-call syntax
 }
 
 // NewEngineBackend builds the Backend. chatTemplate overrides the
@@ -45,10 +46,14 @@ func NewEngineBackend(eng Submitter, tok tokenizer.Tokenizer, name string, conte
 		if err != nil {
 			return nil, fmt.Errorf("server: parsing the chat template: %w", err)
 		}
-		b.tmpl = t
+		b.tmpl, b.src = t, src
 	}
 	return b, nil
 }
+
+// ChatTemplateSource is the template's text, so the server can choose a
+// tool-call parser.
+func (b *EngineBackend) ChatTemplateSource() string { return b.src }
 
 func (b *EngineBackend) ModelName() string { return b.name }
 func (b *EngineBackend) ContextLen() int   { return b.ctxLen }

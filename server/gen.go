@@ -187,6 +187,8 @@ func finishString(f engine.FinishReason) any {
 		return "length"
 	case engine.FinishCancelled:
 		return "abort"
+	case finishToolCalls:
+		return "tool_calls"
 	default:
 		return "stop"
 	}

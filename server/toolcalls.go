@@ -1,0 +1,298 @@
+package server
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+
+	"pagoda/engine"
+)
+
+// finishToolCalls is OpenAI's finish reason for a reply that is tool calls;
+// the engine only knows it stopped.
+const finishToolCalls engine.FinishReason = "tool_calls"
+
+// ChatTemplateSourcer is optionally implemented by a Backend so the server
+// can tell from the chat template which tool-call syntax the model was
+// trained to write. Without it tool calls come back as plain content.
+type ChatTemplateSourcer interface {
+	ChatTemplateSource() string
+}
+
+// toolFormat is a family of tool-call syntaxes, named after the models
+// whose chat templates teach them.
+type toolFormat int
+
+const (
+	toolNone    toolFormat = iota
+	toolHermes             // Qwen 2.5/3: <tool_call>{json}</tool_call>, repeated
+	toolLlama              // Llama 3.x: the whole reply is one JSON object
+	toolMistral            // [TOOL_CALLS][{…}] or [TOOL_CALLS]name[ARGS]{…}
+)
+
+const (
+	hermesOpen  = "<tool_call>"
+	hermesClose = "</tool_call>"
+	pythonTag   = "<|python_tag|>"
+	mistralTag  = "[TOOL_CALLS]"
+	mistralArgs = "[ARGS]"
+)
+
+// detectToolFormat looks for the markers a template writes for assistant
+// tool calls; the order matters because a template may mention several
+// (Mistral ones never contain <tool_call>, Qwen ones never [TOOL_CALLS]).
+func detectToolFormat(tmpl string) toolFormat {
+	switch {
+	case strings.Contains(tmpl, hermesOpen):
+		return toolHermes
+	case strings.Contains(tmpl, mistralTag):
+		return toolMistral
+	case strings.Contains(tmpl, pythonTag),
+		strings.Contains(tmpl, "<|start_header_id|>") && strings.Contains(tmpl, `"parameters"`):
+		return toolLlama
+	}
+	return toolNone
+}
+
+// toolCall is one parsed call; Arguments is JSON text, as OpenAI sends it.
+type toolCall struct {
+	Name      string
+	Arguments string
+}
+
+type toolCallFunc struct {
+	Name      string `json:"name"`
+	Arguments string `json:"arguments"`
+}
+
+type toolCallOut struct {
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function toolCallFunc `json:"function"`
+}
+
+type toolCallDelta struct {
+	Index    int          `json:"index"`
+	ID       string       `json:"id"`
+	Type     string       `json:"type"`
+	Function toolCallFunc `json:"function"`
+}
+
+func toolCallsOut(calls []toolCall) []toolCallOut {
+	out := make([]toolCallOut, len(calls))
+	for i, c := range calls {
+		out[i] = toolCallOut{ID: newToolCallID(), Type: "function", Function: toolCallFunc{Name: c.Name, Arguments: c.Arguments}}
+	}
+	return out
+}
+
+// newToolCallID is shorter than a completion id because clients echo it
+// back into the prompt with every tool result.
+func newToolCallID() string { return newID("call_")[:29] }
+
+// markerIndex is where the first tool call starts in text, or -1.
+func markerIndex(f toolFormat, text string) int {
+	switch f {
+	case toolHermes:
+		return strings.Index(text, hermesOpen)
+	case toolMistral:
+		return strings.Index(text, mistralTag)
+	case toolLlama:
+		if i := strings.Index(text, pythonTag); i >= 0 {
+			return i
+		}
+		// A bare JSON call has no marker; only a reply that opens with "{"
+		// can be one.
+		t := strings.TrimLeft(text, " \t\r\n")
+		if strings.HasPrefix(t, "{") {
+			return len(text) - len(t)
+		}
+	}
+	return -1
+}
+
+// holdFrom is how much of a streamed reply may already go out as content:
+// everything before a marker, or before a tail that may grow into one.
+func holdFrom(f toolFormat, text string) int {
+	if i := markerIndex(f, text); i >= 0 {
+		return i
+	}
+	var m string
+	switch f {
+	case toolHermes:
+		m = hermesOpen
+	case toolMistral:
+		m = mistralTag
+	case toolLlama:
+		if strings.HasPrefix(pythonTag, strings.TrimLeft(text, " \t\r\n")) {
+			return 0 // a call may still open the reply
+		}
+		m = pythonTag
+	default:
+		return len(text)
+	}
+	for k := min(len(m)-1, len(text)); k > 0; k-- {
+		if strings.HasSuffix(text, m[:k]) {
+			return len(text) - k
+		}
+	}
+	return len(text)
+}
+
+// splitToolCalls parses a whole reply. It returns the text outside the
+// calls and the calls; when there are none, or any fails to parse, the
+// reply is all content so nothing the model wrote is lost.
+func splitToolCalls(f toolFormat, text string) (string, []toolCall) {
+	i := markerIndex(f, text)
+	if i < 0 {
+		return text, nil
+	}
+	rest, calls, ok := parseToolCalls(f, text[i:])
+	if !ok || len(calls) == 0 {
+		return text, nil
+	}
+	return strings.TrimSpace(text[:i] + rest), calls
+}
+
+// parseToolCalls parses text that starts at a tool-call marker. rest is
+// what lies outside the calls.
+func parseToolCalls(f toolFormat, text string) (rest string, calls []toolCall, ok bool) {
+	switch f {
+	case toolHermes:
+		return parseHermes(text)
+	case toolLlama:
+		return parseLlama(text)
+	case toolMistral:
+		return parseMistral(text)
+	}
+	return text, nil, false
+}
+
+func parseHermes(text string) (string, []toolCall, bool) {
+	var rest strings.Builder
+	var calls []toolCall
+	for {
+		i := strings.Index(text, hermesOpen)
+		if i < 0 {
+			rest.WriteString(text)
+			return rest.String(), calls, true
+		}
+		rest.WriteString(text[:i])
+		body := text[i+len(hermesOpen):]
+		// Generation may stop at EOS before the closing tag.
+		j := strings.Index(body, hermesClose)
+		if j < 0 {
+			j = len(body)
+			text = ""
+		} else {
+			text = body[j+len(hermesClose):]
+		}
+		c, ok := decodeCall(body[:j], "arguments")
+		if !ok {
+			return "", nil, false
+		}
+		calls = append(calls, c)
+	}
+}
+
+func parseLlama(text string) (string, []toolCall, bool) {
+	text = strings.TrimSpace(strings.TrimPrefix(text, pythonTag))
+	// Llama 3.x sometimes separates several calls with ";".
+	var calls []toolCall
+	for _, part := range strings.Split(text, ";") {
+		if strings.TrimSpace(part) == "" {
+			continue
+		}
+		c, ok := decodeCall(part, "parameters", "arguments")
+		if !ok {
+			return "", nil, false
+		}
+		calls = append(calls, c)
+	}
+	return "", calls, len(calls) > 0
+}
+
+func parseMistral(text string) (string, []toolCall, bool) {
+	var calls []toolCall
+	for strings.HasPrefix(text, mistralTag) {
+		text = strings.TrimLeft(text[len(mistralTag):], " \t\r\n")
+		if strings.HasPrefix(text, "[") {
+			// Older templates: a JSON list of {"name", "arguments"}.
+			var list []json.RawMessage
+			n, ok := decodeOne(text, &list)
+			if !ok {
+				return "", nil, false
+			}
+			for _, raw := range list {
+				c, ok := decodeCall(string(raw), "arguments")
+				if !ok {
+					return "", nil, false
+				}
+				calls = append(calls, c)
+			}
+			text = strings.TrimLeft(text[n:], " \t\r\n")
+			continue
+		}
+		// Newer templates (v11+): name[ARGS]{…}, repeated after each tag.
+		name, args, found := strings.Cut(text, mistralArgs)
+		if !found || strings.TrimSpace(name) == "" || strings.ContainsAny(name, "{}[]\n") {
+			return "", nil, false
+		}
+		var obj map[string]any
+		n, ok := decodeOne(args, &obj)
+		if !ok {
+			return "", nil, false
+		}
+		calls = append(calls, toolCall{Name: strings.TrimSpace(name), Arguments: compactJSON(args[:n])})
+		text = strings.TrimLeft(args[n:], " \t\r\n")
+	}
+	return text, calls, len(calls) > 0
+}
+
+// decodeOne decodes the first JSON value of s and says how many bytes it
+// took, so calls written back to back can be split.
+func decodeOne(s string, v any) (int, bool) {
+	d := json.NewDecoder(strings.NewReader(s))
+	if err := d.Decode(v); err != nil {
+		return 0, false
+	}
+	return int(d.InputOffset()), true
+}
+
+// decodeCall reads {"name": …, <argsKey>: {…}}; arguments given as a JSON
+// string (some fine-tunes do that) are taken as they are.
+func decodeCall(s string, argsKeys ...string) (toolCall, bool) {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(strings.TrimSpace(s)), &m); err != nil {
+		return toolCall{}, false
+	}
+	var c toolCall
+	if json.Unmarshal(m["name"], &c.Name) != nil || c.Name == "" {
+		return toolCall{}, false
+	}
+	c.Arguments = "{}"
+	for _, k := range argsKeys {
+		raw := bytes.TrimSpace(m[k])
+		if len(raw) == 0 || string(raw) == "null" {
+			continue
+		}
+		var str string
+		if json.Unmarshal(raw, &str) == nil {
+			c.Arguments = str
+		} else if raw[0] == '{' {
+			c.Arguments = compactJSON(string(raw))
+		} else {
+			return toolCall{}, false
+		}
+		break
+	}
+	return c, true
+}
+
+func compactJSON(s string) string {
+	var b bytes.Buffer
+	if json.Compact(&b, []byte(s)) != nil {
+		return s
+	}
+	return b.String()
+}
