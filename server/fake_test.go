@@ -26,6 +26,8 @@ type fakeBackend struct {
 	midErr    error         // sent as an event error after the first token
 	hold      chan struct{} // when set, generation waits for it to close
 	stopAt    string        // a completion that reaches this letter stops
+	script    string        // when set, every completion is this text, then stop
+	tmplSrc   string        // ChatTemplateSource
 
 	mu        sync.Mutex
 	reqs      []*engine.Request
@@ -74,6 +76,23 @@ func (f *fakeBackend) TokenText(id int32) string {
 	return string(rune(b))
 }
 
+func (f *fakeBackend) ChatTemplateSource() string { return f.tmplSrc }
+
+// runScript writes f.script one byte per event for each of n completions.
+func (f *fakeBackend) runScript(ch chan<- engine.Event, r *engine.Request, n int) {
+	defer close(ch)
+	for i := range n {
+		for k := 0; k < len(f.script); k++ {
+			ev := engine.Event{Index: i, Tokens: []int32{int32(f.script[k]) + 3}, Text: f.script[k : k+1]}
+			if k == len(f.script)-1 {
+				ev.Finish = engine.FinishStop
+			}
+			ch <- ev
+		}
+	}
+	ch <- engine.Event{Usage: &engine.Usage{PromptTokens: len(r.Prompt), CompletionTokens: n * len(f.script)}}
+}
+
 func (f *fakeBackend) ApplyChat(msgs []ChatMessage, gen bool, extra map[string]any) (string, error) {
 	var sb strings.Builder
 	for _, m := range msgs {
@@ -104,6 +123,10 @@ func (f *fakeBackend) Submit(ctx context.Context, r *engine.Request) (<-chan eng
 	}
 	ch := make(chan engine.Event, 256)
 	n := max(r.N, 1)
+	if f.script != "" {
+		go f.runScript(ch, r, n)
+		return ch, nil
+	}
 	maxTokens := r.MaxTokens
 	if maxTokens == 0 {
 		maxTokens = f.ctxLen - len(r.Prompt)

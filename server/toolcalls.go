@@ -102,10 +102,9 @@ func markerIndex(f toolFormat, text string) int {
 			return i
 		}
 		// A bare JSON call has no marker; only a reply that opens with "{"
-		// can be one.
-		t := strings.TrimLeft(text, " \t\r\n")
-		if strings.HasPrefix(t, "{") {
-			return len(text) - len(t)
+		// can be one, and the whitespace before it is no content.
+		if strings.HasPrefix(strings.TrimLeft(text, " \t\r\n"), "{") {
+			return 0
 		}
 	}
 	return -1
