@@ -11,37 +11,52 @@ import (
 	"time"
 )
 
-// TestOpenAINodeClient runs the official openai-node client against the
-// server. It needs node and an installed "openai" package: set
-// PAGODA_OPENAI_NODE_MODULES to its node_modules folder (default
-// /tmp/oaiclient/node_modules, made by `npm install openai` there).
-func TestOpenAINodeClient(t *testing.T) {
+// openaiNode finds node and the openai package, or skips the test. It
+// needs an installed "openai" package: set PAGODA_OPENAI_NODE_MODULES to
+// its node_modules folder (default /tmp/oaiclient/node_modules, made by
+// `npm install openai` there).
+func openaiNode(t *testing.T) (node, mods string) {
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Skip("node not installed")
 	}
-	mods := os.Getenv("PAGODA_OPENAI_NODE_MODULES")
+	mods = os.Getenv("PAGODA_OPENAI_NODE_MODULES")
 	if mods == "" {
 		mods = "/tmp/oaiclient/node_modules"
 	}
 	if _, err := os.Stat(filepath.Join(mods, "openai", "package.json")); err != nil {
 		t.Skipf("openai-node not found in %s (npm install openai there, or set PAGODA_OPENAI_NODE_MODULES)", mods)
 	}
-	script, err := filepath.Abs("testdata/openai_client.js")
+	return node, mods
+}
+
+// runNodeScript runs a testdata script against ts and returns its stdout.
+func runNodeScript(t *testing.T, ts, name string) []byte {
+	t.Helper()
+	node, mods := openaiNode(t)
+	script, err := filepath.Abs("testdata/" + name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := newFake()
-	ts := startServer(t, f, Options{APIKey: "test-key"})
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, node, script, ts.URL+"/v1", "test-key")
+	cmd := exec.CommandContext(ctx, node, script, ts+"/v1", "test-key")
 	cmd.Env = append(os.Environ(), "NODE_PATH="+mods)
 	cmd.Stderr = os.Stderr
 	out, err := cmd.Output()
 	if err != nil {
 		t.Fatalf("node client: %v\n%s", err, out)
 	}
+	return out
+}
+
+// TestOpenAINodeClient runs the official openai-node client against the
+// server (see openaiNode).
+func TestOpenAINodeClient(t *testing.T) {
+	openaiNode(t)
+	f := newFake()
+	ts := startServer(t, f, Options{APIKey: "test-key"})
+	out := runNodeScript(t, ts.URL, "openai_client.js")
 	var got struct {
 		Version string
 		Models  []string
@@ -100,5 +115,41 @@ func TestOpenAINodeClient(t *testing.T) {
 	}
 	if got.BadKey.Status != 401 || got.BadKey.Code != "invalid_api_key" {
 		t.Errorf("bad key: %+v", got.BadKey)
+	}
+}
+
+// TestOpenAINodeToolCalls checks that openai-node reads parsed tool calls,
+// streamed and not, and can send them back with their results.
+func TestOpenAINodeToolCalls(t *testing.T) {
+	openaiNode(t)
+	f := newFake()
+	f.ctxLen = 4096
+	f.script = qwenToolReply
+	f.tmplSrc = "<tool_call>"
+	ts := startServer(t, f, Options{APIKey: "test-key"})
+	var got struct {
+		Finish, Content string
+		Calls           [][]any
+		Stream          struct {
+			Content, Finish string
+			Calls           [][]any
+		}
+		RoundTrip string
+	}
+	out := runNodeScript(t, ts.URL, "openai_tools.js")
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	wantCalls := [][]any{{"function", "get_weather", map[string]any{"city": "Paris"}, true},
+		{"function", "get_time", map[string]any{"tz": "CET"}, true}}
+	if got.Finish != "tool_calls" || got.Content != "Checking." || !reflect.DeepEqual(got.Calls, wantCalls) {
+		t.Errorf("non-streaming: %+v", got)
+	}
+	wantStream := [][]any{{"get_weather", map[string]any{"city": "Paris"}}, {"get_time", map[string]any{"tz": "CET"}}}
+	if got.Stream.Finish != "tool_calls" || got.Stream.Content != "Checking.\n" || !reflect.DeepEqual(got.Stream.Calls, wantStream) {
+		t.Errorf("streaming: %+v", got.Stream)
+	}
+	if got.RoundTrip != "tool_calls" {
+		t.Errorf("round trip finish %q", got.RoundTrip)
 	}
 }
