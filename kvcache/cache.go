@@ -66,6 +66,9 @@ type Config struct {
 	NumBlocks                int   // 0 = as many as Bytes holds
 	Bytes                    int64 // budget for K and V of all layers
 	DType                    DType
+	// KFormat and VFormat, when set, override DType for keys and values
+	// of every group that names none: q8_0 keys with f16 values, say.
+	KFormat, VFormat Format
 	PrefixCache              bool // register full blocks for reuse across requests
 	// Window > 0 is the model's sliding window (Mistral): a block whose
 	// positions no later token can attend to is released as soon as the
