@@ -69,7 +69,7 @@ type Config struct {
 	// KFormat and VFormat, when set, override DType for keys and values
 	// of every group that names none: q8_0 keys with f16 values, say.
 	KFormat, VFormat Format
-	PrefixCache              bool // register full blocks for reuse across requests
+	PrefixCache      bool // register full blocks for reuse across requests
 	// Window > 0 is the model's sliding window (Mistral): a block whose
 	// positions no later token can attend to is released as soon as the
 	// sequence has computed past it, so a sequence holds about
