@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -29,12 +30,16 @@ type Config struct {
 	NLayer, NKVHead, HeadDim int
 	VocabSize, ContextLen    int
 
-	BlockSize          int           // tokens per KV block; 0 = 16
-	KVBlocks           int           // pool size; 0 = as many as KVBytes holds
-	KVBytes            int64         // pool budget; 0 (and no KVBlocks) = room for MaxNumSeqs full contexts, at most 1 GiB
-	KVDType            kvcache.DType // f16 by default
-	DisablePrefixCache bool
-	CacheSalt          uint64 // extra prefix-hash key: engines sharing nothing should differ
+	BlockSize int           // tokens per KV block; 0 = 16
+	KVBlocks  int           // pool size; 0 = as many as KVBytes holds
+	KVBytes   int64         // pool budget; 0 (and no KVBlocks) = room for MaxNumSeqs full contexts, at most 1 GiB
+	KVDType   kvcache.DType // f16 by default
+	// KVFormatK and KVFormatV store keys and values in another format
+	// (q8_0, q4_0); nil means KVDType. The default KV budget counts their
+	// real bytes, so a quantized cache holds more tokens in it.
+	KVFormatK, KVFormatV kvcache.Format
+	DisablePrefixCache   bool
+	CacheSalt            uint64 // extra prefix-hash key: engines sharing nothing should differ
 	// SlidingWindow is the model's attention window (model.Config's
 	// SlidingWindow; 0 = full attention). With it, KV blocks that have
 	// slid out of the window are released while a sequence runs, so one
@@ -198,10 +203,12 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	kcfg := kvcache.Config{
 		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
 		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
-		DType: cfg.KVDType, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
+		DType: cfg.KVDType, KFormat: cfg.KVFormatK, VFormat: cfg.KVFormatV, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
 	}
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
-		per := kvcache.KVBytesPerToken(kvcache.Shape{NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim}, cfg.KVDType)
+		// Every format's bytes are linear in the block's tokens, so this
+		// is exact, and it counts a quantized format's scales.
+		per := kcfg.BlockBytes() / int64(cmp.Or(kcfg.BlockSize, kvcache.DefaultBlockSize))
 		kcfg.Bytes = min(mulCap(mulCap(per, int64(cfg.ContextLen)+kvcache.DefaultBlockSize, 1<<30), int64(cfg.MaxNumSeqs), 1<<30), 1<<30)
 	}
 	kv, err := kvcache.New(kcfg)

@@ -11,9 +11,9 @@ import (
 var benchAttn = model.AttnParams{NHead: 32, NKVHead: 4, HeadDim: 64, Scale: 0.125}
 
 // benchCache fills seqs sequences of ctx positions with random K/V.
-func benchCache(b *testing.B, seqs, ctx int) *Cache {
+func benchCache(b *testing.B, seqs, ctx int, f Format) *Cache {
 	p := benchAttn
-	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, NumBlocks: seqs * (ctx/DefaultBlockSize + 1), DType: F16})
+	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, NumBlocks: seqs * (ctx/DefaultBlockSize + 1), KFormat: f, VFormat: f})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -43,10 +43,16 @@ func benchQ(n int) []float32 {
 }
 
 // BenchmarkAttendDecode is one decode step of 8 sequences at context 512,
-// one thread: the paged f16 attention alone (Begin included).
+// one thread: the paged attention alone (Begin included), per KV format.
 func BenchmarkAttendDecode(b *testing.B) {
+	for _, f := range []Format{F16, Q8_0, Q4_0} {
+		b.Run(f.String(), func(b *testing.B) { benchDecode(b, f) })
+	}
+}
+
+func benchDecode(b *testing.B, f Format) {
 	const seqs, ctx = 8, 512
-	c := benchCache(b, seqs, ctx)
+	c := benchCache(b, seqs, ctx, f)
 	qd := benchAttn.NHead * benchAttn.HeadDim
 	q, out := benchQ(seqs), make([]float32, seqs*qd)
 	batch := &model.Batch{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs)}
@@ -69,7 +75,7 @@ func BenchmarkAttendDecode(b *testing.B) {
 // chunk, one thread, in the model's pieces of 16 queries.
 func BenchmarkAttendPrefill(b *testing.B) {
 	const ctx, piece = 512, 16
-	c := benchCache(b, 1, ctx)
+	c := benchCache(b, 1, ctx, F16)
 	qd := benchAttn.NHead * benchAttn.HeadDim
 	q, out := benchQ(ctx), make([]float32, ctx*qd)
 	batch := &model.Batch{Tokens: make([]int32, ctx), Pos: make([]int32, ctx), Seq: make([]int32, ctx)}

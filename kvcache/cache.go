@@ -66,7 +66,10 @@ type Config struct {
 	NumBlocks                int   // 0 = as many as Bytes holds
 	Bytes                    int64 // budget for K and V of all layers
 	DType                    DType
-	PrefixCache              bool // register full blocks for reuse across requests
+	// KFormat and VFormat, when set, override DType for keys and values
+	// of every group that names none: q8_0 keys with f16 values, say.
+	KFormat, VFormat Format
+	PrefixCache      bool // register full blocks for reuse across requests
 	// Window > 0 is the model's sliding window (Mistral): a block whose
 	// positions no later token can attend to is released as soon as the
 	// sequence has computed past it, so a sequence holds about

@@ -31,7 +31,13 @@ func (c Config) groups() []GroupSpec {
 	for i := range gs {
 		g := &gs[i]
 		if g.KFormat == nil {
+			g.KFormat = c.KFormat
+		}
+		if g.KFormat == nil {
 			g.KFormat = c.DType
+		}
+		if g.VFormat == nil {
+			g.VFormat = c.VFormat
 		}
 		if g.VFormat == nil {
 			g.VFormat = c.DType
@@ -71,6 +77,12 @@ func checkGroups(gs []GroupSpec) (layerGroup []int, err error) {
 		if g.NKVHead <= 0 || g.KDim <= 0 || g.VDim < 0 || len(g.Layers) == 0 {
 			return nil, fmt.Errorf("kvcache: bad shape: %d layers, %d kv heads, K dim %d, V dim %d", len(g.Layers), g.NKVHead, g.KDim, g.VDim)
 		}
+		if err := checkDim(g.KFormat, g.KDim); err != nil {
+			return nil, err
+		}
+		if err := checkDim(g.VFormat, g.VDim); g.VDim > 0 && err != nil {
+			return nil, err
+		}
 		for _, l := range g.Layers {
 			if l < 0 || layerGroup[l] >= 0 {
 				return nil, fmt.Errorf("kvcache: layer %d in no group or in two", l)
@@ -84,4 +96,14 @@ func checkGroups(gs []GroupSpec) (layerGroup []int, err error) {
 		}
 	}
 	return layerGroup, nil
+}
+
+// checkDim asks a format that constrains head dims (a block format must
+// not split a block across heads) whether dim suits it, so a bad pairing
+// fails at construction rather than panicking in NewPages.
+func checkDim(f Format, dim int) error {
+	if c, ok := f.(interface{ checkDim(int) error }); ok {
+		return c.checkDim(dim)
+	}
+	return nil
 }

@@ -130,7 +130,9 @@ func runServe(args []string) error {
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
 	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM); refused when over the memory available (Linux: MemAvailable, or a cgroup v2 memory.max)")
 	kvFrac := fs.Float64("kv-cache-fraction", 0.25, "fraction of available RAM for the KV cache when --kv-cache-memory is not set")
-	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32")
+	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32, q8_0, q4_0 (q formats need head dims that are multiples of 32)")
+	kvDTypeK := fs.String("kv-dtype-k", "", "KV-cache storage of keys (default --kv-dtype)")
+	kvDTypeV := fs.String("kv-dtype-v", "", "KV-cache storage of values (default --kv-dtype)")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
 	maxTokens := fs.Int("max-num-batched-tokens", 512, "token budget of one engine step")
 	maxSeqs := fs.Int("max-num-seqs", 64, "sequences in one engine step")
@@ -154,10 +156,21 @@ func runServe(args []string) error {
 	if *apiKey == "" {
 		*apiKey = os.Getenv("PAGODA_API_KEY")
 	}
-	dt, err := kvcache.ParseDType(*kvDType)
+	kf, err := parseKVFormat(*kvDType, "")
 	if err != nil {
 		return err
 	}
+	kfK, err := parseKVFormat(*kvDTypeK, *kvDType)
+	if err != nil {
+		return err
+	}
+	kfV, err := parseKVFormat(*kvDTypeV, *kvDType)
+	if err != nil {
+		return err
+	}
+	// A float --kv-dtype stays the cache's DType, the default of groups
+	// the K/V formats do not reach.
+	dt, _ := kf.(kvcache.DType)
 	var budget int64
 	if *kvMem != "" {
 		if budget, err = parseBytes(*kvMem); err != nil {
@@ -199,7 +212,7 @@ func runServe(args []string) error {
 	eng, err := engine.New(m, tok, engine.Config{
 		ModelName: *name, NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
-		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, DisablePrefixCache: *noPrefix,
+		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
 		Registry: reg,
 	})
@@ -221,8 +234,8 @@ func runServe(args []string) error {
 		return err
 	}
 	st := eng.Stats()
-	log.Printf("pagoda: serving %s on http://%s (threads %d, KV %s blocks %d×%d tokens, budget %.1f MB)",
-		*name, ln.Addr(), m.Pool().Threads(), dt, st.KV.Blocks, *blockSize, float64(budget)/1e6)
+	log.Printf("pagoda: serving %s on http://%s (threads %d, KV K %v V %v blocks %d×%d tokens, budget %.1f MB)",
+		*name, ln.Addr(), m.Pool().Threads(), kfK, kfV, st.KV.Blocks, *blockSize, float64(budget)/1e6)
 	err = srv.Serve(ctx, ln, *grace)
 	sctx, cancel := context.WithTimeout(hard, *grace)
 	defer cancel()
@@ -231,4 +244,16 @@ func runServe(args []string) error {
 	}
 	log.Printf("pagoda: stopped")
 	return err
+}
+
+// parseKVFormat reads a --kv-dtype flag, s falling back to def when empty.
+func parseKVFormat(s, def string) (kvcache.Format, error) {
+	if s == "" {
+		s = def
+	}
+	f, err := kvcache.ParseFormat(s)
+	if err != nil {
+		return nil, fmt.Errorf("--kv-dtype: %w", err)
+	}
+	return f, nil
 }
