@@ -17,14 +17,15 @@ type attnPiece struct{ lo, hi, cost int }
 // and v (biases, norms and RoPE applied) and consume att.
 //
 // Every token's K/V is stored before any token attends, so a prefill chunk
-// sees itself causally through the cache.
+// sees itself causally through the cache. The runs attended are the ones
+// Forward split the batch into (m.buf.pieces).
 func (m *Model) attend(li int, b *Batch, kv KVCache, q, k, v, att []float32, ap AttnParams) {
 	T := len(b.Tokens)
 	qd, kvd := ap.NHead*ap.HeadDim, ap.NKVHead*ap.HeadDim
 	for i := 0; i < T; i++ {
 		kv.Store(li, i, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd])
 	}
-	pieces := attnPieces(b, ap.Window)
+	pieces := m.buf.pieces
 	run := func(lo, hi int) {
 		for _, p := range pieces[lo:hi] {
 			kv.Attend(li, p.lo, p.hi, q[p.lo*qd:p.hi*qd], att[p.lo*qd:p.hi*qd], ap)

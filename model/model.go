@@ -104,6 +104,9 @@ func (m *Model) Close() error {
 
 type scratch struct {
 	x, xn, q, k, v, att, o, gate, up, logitsIn []float32
+	// pieces is how the batch's attention splits into runs; every layer
+	// splits it the same way, so Forward works it out once.
+	pieces []attnPiece
 }
 
 func grow(s []float32, n int) []float32 {
@@ -155,6 +158,7 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 			return nil, fmt.Errorf("model: embedding: %v", err)
 		}
 	}
+	s.pieces = attnPieces(b, c.SlidingWindow)
 	for li := range m.W.Layers {
 		m.attn.forward(m, li, b, kv)
 		m.ffn.forward(m, li, b, kv)
