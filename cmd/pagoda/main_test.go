@@ -39,10 +39,17 @@ func TestMain(m *testing.M) {
 // pagoda runs the binary and returns its exit code, stdout and stderr.
 func pagoda(t *testing.T, args ...string) (int, string, string) {
 	t.Helper()
+	return pagodaEnv(t, nil, args...)
+}
+
+// pagodaEnv is pagoda with extra environment variables.
+func pagodaEnv(t *testing.T, env []string, args ...string) (int, string, string) {
+	t.Helper()
 	cmd := exec.Command(bin, args...)
 	cmd.Dir = t.TempDir() // a command that wrongly runs writes nothing here
 	// No model is ever written to the user's cache by a test.
 	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "HOME="+t.TempDir())
+	cmd.Env = append(cmd.Env, env...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()

@@ -19,18 +19,14 @@ func resolveModel(ref string) (string, error) {
 		if _, err := os.Stat(ref); err == nil || !hub.IsRef(ref) {
 			return ref, nil
 		}
-		r, err := hub.ParseRef(ref)
-		if err != nil {
-			return "", err
-		}
-		cache, err := hub.DefaultCache()
+		r, cache, err := cachedRef(ref)
 		if err != nil {
 			return "", err
 		}
 		if p, ok := cache.Lookup(r); ok {
 			return p, nil
 		}
-		return pullModel(ref, false)
+		return pull(r, cache, false)
 	}
 	path, err := embedded.Path("")
 	if err != nil {

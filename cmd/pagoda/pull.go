@@ -24,14 +24,24 @@ const cacheHelp = "The cache is $PAGODA_MODELS (default: pagoda/models in the us
 // its path. An interrupt stops the download and keeps the partial file, so
 // the next pull resumes it.
 func pullModel(ref string, quiet bool) (string, error) {
+	r, cache, err := cachedRef(ref)
+	if err != nil {
+		return "", err
+	}
+	return pull(r, cache, quiet)
+}
+
+// cachedRef parses a model reference and opens the cache it goes to.
+func cachedRef(ref string) (hub.Ref, hub.Cache, error) {
 	r, err := hub.ParseRef(ref)
 	if err != nil {
-		return "", err
+		return hub.Ref{}, hub.Cache{}, err
 	}
 	cache, err := hub.DefaultCache()
-	if err != nil {
-		return "", err
-	}
+	return r, cache, err
+}
+
+func pull(r hub.Ref, cache hub.Cache, quiet bool) (string, error) {
 	c := hub.NewClient()
 	if !quiet {
 		tty := stderrIsTerminal()
