@@ -15,7 +15,6 @@ import (
 	"time"
 
 	"pagoda/engine"
-	"pagoda/model"
 	"pagoda/testutil"
 )
 
@@ -36,19 +35,8 @@ func findBrowser(t *testing.T) string {
 // block picture has something to show.
 func startRealServer(t *testing.T) string {
 	t.Helper()
-	m, err := model.Open(testutil.Shared(t, "models/gguf/stories260K.gguf"), model.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m, eng := storiesEngine(t, testutil.Shared(t, "models/gguf/stories260K.gguf"), func(c *engine.Config) { c.KVBlocks = 128 })
 	c := m.Config
-	eng, err := engine.New(m, m.Tokenizer(), engine.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
-		VocabSize: c.VocabSize, ContextLen: c.ContextLen, KVBlocks: 128})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng.Start()
-	t.Cleanup(func() { eng.Stop(context.Background()) })
 	// stories260K has no chat template; a plain one keeps the page on the
 	// chat endpoint (the page's text fallback is not what is tested here).
 	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", c.ContextLen,

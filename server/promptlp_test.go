@@ -1,7 +1,6 @@
 package server
 
 import (
-	"context"
 	"encoding/json"
 	"math"
 	"net/http/httptest"
@@ -12,7 +11,6 @@ import (
 	"pagoda/engine"
 	"pagoda/generate"
 	"pagoda/kvcache"
-	"pagoda/model"
 	"pagoda/testutil"
 	"pagoda/tokenizer"
 )
@@ -30,19 +28,10 @@ type echoLogprobs struct {
 // the same as the one-shot response.
 func TestEchoLogprobs(t *testing.T) {
 	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m, eng := storiesEngine(t, path, func(c *engine.Config) {
+		c.KVDType, c.MaxNumBatchedTokens = kvcache.F32, 4
+	})
 	c := m.Config
-	eng, err := engine.New(m, m.Tokenizer(), engine.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
-		VocabSize: c.VocabSize, ContextLen: c.ContextLen, KVDType: kvcache.F32, MaxNumBatchedTokens: 4})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng.Start()
-	defer eng.Stop(context.Background())
 	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", c.ContextLen, "")
 	if err != nil {
 		t.Fatal(err)

@@ -36,19 +36,8 @@ func TestRealModelGreedy(t *testing.T) {
 	if testing.Short() {
 		steps = 32
 	}
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m, eng := storiesEngine(t, path, nil)
 	c := m.Config
-	eng, err := engine.New(m, m.Tokenizer(), engine.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
-		VocabSize: c.VocabSize, ContextLen: c.ContextLen})
-	if err != nil {
-		t.Fatal(err)
-	}
-	eng.Start()
-	defer eng.Stop(context.Background())
 	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", c.ContextLen, "")
 	if err != nil {
 		t.Fatal(err)
@@ -83,3 +72,25 @@ func TestRealModelGreedy(t *testing.T) {
 }
 
 func itoa(n int) string { b, _ := json.Marshal(n); return string(b) }
+
+// storiesEngine opens the stories260K file at path and runs an engine over
+// it, with edit adjusting the serving limits; both end with the test.
+func storiesEngine(t *testing.T, path string, edit func(*engine.Config)) (*model.Model, *engine.Engine) {
+	t.Helper()
+	m, err := model.Open(path, model.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	cfg := engine.ModelConfig(m, "stories260K")
+	if edit != nil {
+		edit(&cfg)
+	}
+	eng, err := engine.New(m, m.Tokenizer(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start()
+	t.Cleanup(func() { eng.Stop(context.Background()) })
+	return m, eng
+}
