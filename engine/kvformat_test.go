@@ -5,8 +5,6 @@ import (
 	"testing"
 
 	"pagoda/kvcache"
-	"pagoda/model"
-	"pagoda/testutil"
 )
 
 // TestQuantizedKVBudget: with a byte budget, a q8_0 or q4_0 cache costs
@@ -43,15 +41,11 @@ func TestQuantizedKVBudget(t *testing.T) {
 // TestQuantizedKVHeadDim: stories260K's heads are 8 wide, so a 32-element
 // block format cannot hold them; the engine says so at construction.
 func TestQuantizedKVHeadDim(t *testing.T) {
-	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
-	m, err := model.Open(path, model.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openStories(t)
 	c := m.Config
-	_, err = New(m, m.Tokenizer(), Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
-		VocabSize: c.VocabSize, ContextLen: c.ContextLen, KVFormatK: kvcache.Q8_0})
+	cfg := modelConfig(m)
+	cfg.KVFormatK = kvcache.Q8_0
+	_, err := New(m, m.Tokenizer(), cfg)
 	if err == nil || !strings.Contains(err.Error(), "multiples of 32") {
 		t.Fatalf("q8_0 keys with head dim %d: %v", c.HeadDim, err)
 	}

@@ -52,16 +52,23 @@ func greedyArgmax(l []float32) int32 {
 
 func modelConfig(m *model.Model) Config { return ModelConfig(m, "stories260K") }
 
+// openStories opens the shared stories260K model for the test (skipping
+// when the shared files are absent) and closes it when the test ends.
+func openStories(t *testing.T) *model.Model {
+	t.Helper()
+	m, err := model.Open(testutil.Shared(t, "models/gguf/stories260K.gguf"), model.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
+}
+
 // TestStories260K runs the real model: requests batched with chunked
 // prefill, prefix hits and preemption give exactly the tokens of each
 // request run alone, and those match the flat reference cache.
 func TestStories260K(t *testing.T) {
-	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openStories(t)
 	tok := m.Tokenizer()
 	texts := []string{"Once upon a time", "Once upon a time there was a little girl", "The cat", "Lily and Ben went to the park. They saw a big dog", "One day", "Once upon a time, in a big forest, there lived"}
 	var reqs []*Request

@@ -8,8 +8,6 @@ import (
 
 	"pagoda/generate"
 	"pagoda/kvcache"
-	"pagoda/model"
-	"pagoda/testutil"
 	"pagoda/tokenizer"
 )
 
@@ -18,12 +16,7 @@ import (
 // prompt already in the prefix cache (which such a request must not use)
 // and two completions that each get a copy.
 func TestPromptLogprobs(t *testing.T) {
-	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openStories(t)
 	tok := m.Tokenizer()
 	prompt := tok.Encode("Lily and Ben went to the park. They saw a big dog", tokenizer.Options{AddSpecial: true})
 	ref, err := generate.ScoreTokens(m, prompt, false, 0)

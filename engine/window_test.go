@@ -8,8 +8,6 @@ import (
 	"sync"
 	"testing"
 
-	"pagoda/model"
-	"pagoda/testutil"
 	"pagoda/tokenizer"
 )
 
@@ -114,12 +112,7 @@ func TestSlidingWindowMatchesFullCache(t *testing.T) {
 // its generations: the paged engine, releasing blocks, produces the tokens
 // of the flat reference cache with the same window.
 func TestSlidingWindowStories260K(t *testing.T) {
-	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openStories(t)
 	m.Config.SlidingWindow = 20
 	tok := m.Tokenizer()
 	cfg := modelConfig(m)
