@@ -13,6 +13,3 @@ func NewBar(w io.Writer, tty bool, name string) *progress.Bar {
 	b.Verb, b.Past = "pulling", "pulled"
 	return b
 }
-
-// Bytes formats n with a binary unit, e.g. "1.5 MiB".
-func Bytes(n int64) string { return progress.Bytes(n) }

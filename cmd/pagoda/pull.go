@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"pagoda/hub"
+	"pagoda/progress"
 )
 
 func init() {
@@ -101,7 +102,7 @@ func runList(args []string) error {
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tSIZE\tPATH")
 	for _, e := range entries {
-		fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Name, hub.Bytes(e.Size), e.Path)
+		fmt.Fprintf(tw, "%s\t%s\t%s\n", e.Name, progress.Bytes(e.Size), e.Path)
 	}
 	return tw.Flush()
 }
