@@ -103,6 +103,8 @@ type attnScratch struct {
 	allSo                   []int
 	ln, base, cur, col, pos []int // per query: visible positions, score offset, walk state, position
 	scores                  []float32
+	below, shift            []int     // per query: a QueryShifter's bound and distance
+	qrot                    []float32 // the queries rotated by shift
 }
 
 // Attend implements model.KVCache with a two-pass softmax over the rows
@@ -142,14 +144,26 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 		sc.all, sc.allSo = append(sc.all[:0], sc.spans...), append(sc.allSo[:0], sc.so...)
 	}
 	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
+	shifted := c.shiftQueries(sc, g.Policy, sq.id, q[:n*qd], qd)
 	for kh := 0; kh < p.NKVHead; kh++ {
 		if sel != nil {
 			c.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
 				return q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
 			}, n, group)
 		}
-		c.walk(sc, sq, n, func(i, page, from, to, col int) {
+		c.walk(sc, sq, n, func(i, blk, page, from, to, col int) {
 			qi := q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
+			if shifted && sc.shift[i] != 0 {
+				// Keys below the bound are scored from the shifted query.
+				b := sc.below[i] - blk*c.bs
+				qs := sc.qrot[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
+				if b >= to {
+					qi = qs
+				} else if b > from {
+					ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qs, page, kh, from, b)
+					col, from = col+b-from, b
+				}
+			}
 			ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qi, page, kh, from, to)
 		})
 		for i := 0; i < n; i++ {
@@ -167,7 +181,7 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 				}
 			}
 		}
-		c.walk(sc, sq, n, func(i, page, from, to, col int) {
+		c.walk(sc, sq, n, func(i, _, page, from, to, col int) {
 			oi := out[i*od+kh*group*vd : i*od+(kh+1)*group*vd]
 			vp.Mix(oi, scores[sc.base[i]+col:], sc.ln[i], page, kh, from, to)
 		})
@@ -216,6 +230,37 @@ func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int
 	return total
 }
 
+// shiftQueries asks a QueryShifter where each query's positions move and
+// rotates the queries that move into sc.qrot; false when none does.
+func (c *Cache) shiftQueries(sc *attnScratch, pol Policy, seq int32, q []float32, qd int) bool {
+	qs, ok := pol.(QueryShifter)
+	if !ok {
+		return false
+	}
+	n := len(sc.pos)
+	sc.below, sc.shift = sc.below[:0], sc.shift[:0]
+	any := false
+	for i := 0; i < n; i++ {
+		b, d := qs.QueryShift(seq, sc.pos[i])
+		sc.below, sc.shift = append(sc.below, b), append(sc.shift, d)
+		any = any || d != 0
+	}
+	if !any {
+		return false
+	}
+	if cap(sc.qrot) < len(q) {
+		sc.qrot = make([]float32, len(q))
+	}
+	sc.qrot = sc.qrot[:len(q)]
+	copy(sc.qrot, q)
+	for i := 0; i < n; i++ {
+		if sc.shift[i] != 0 {
+			c.cfg.Rope.rotate(c.ops.RoPE, sc.qrot[i*qd:(i+1)*qd], sc.shift[i])
+		}
+	}
+	return true
+}
+
 // selectSpans narrows every query's spans to what sel reads for KV head
 // kh, recomputing the score layout; it only ever shrinks what clip sized.
 func (c *Cache) selectSpans(sc *attnScratch, sel PageSelector, layer int, seq int32, kh int, qOf func(int) []float32, n, group int) {
@@ -251,9 +296,10 @@ func inside(s Span, all []Span) bool {
 
 // walk calls fn for every page and query that sees part of it, pages in
 // position order outermost, so a page is read once for all the queries:
-// fn(i, page, from, to, col) covers slots [from, to) of physical page
-// page, which are positions col.. of query i's visible positions.
-func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, page, from, to, col int)) {
+// fn(i, blk, page, from, to, col) covers slots [from, to) of logical block
+// blk, physical page page, which are positions col.. of query i's visible
+// positions.
+func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, page, from, to, col int)) {
 	first, last := -1, -1
 	sc.cur, sc.col = sc.cur[:0], sc.col[:0]
 	for i := 0; i < n; i++ {
@@ -285,7 +331,7 @@ func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, page, from,
 							panic(fmt.Sprintf("kvcache: sequence %d attends position %d, in a block its policy released", sq.id, a))
 						}
 					}
-					fn(i, page, a-pLo, e-pLo, sc.col[i])
+					fn(i, j, page, a-pLo, e-pLo, sc.col[i])
 					sc.col[i] += e - a
 				}
 				if s.To > pHi {

@@ -75,6 +75,12 @@ type Config struct {
 	// sequence has computed past it, so a sequence holds about
 	// Window/BlockSize+1 blocks however long it grows.
 	Window int
+	// Policy is the cache policy of every group that names none (nil: a
+	// WindowPolicy for Window > 0, else FullPolicy).
+	Policy Policy
+	// Rope is the model's rotary embedding, needed by policies that move
+	// positions (StreamingPolicy).
+	Rope   *Rotary
 	Groups []GroupSpec
 	// Ops computes the attention (nil: kernels.Best()); kernels.Generic()
 	// keeps a reference run in plain Go through the cache too.
@@ -186,6 +192,14 @@ func New(cfg Config) (*Cache, error) {
 		if l, ok := g.Policy.(Lossy); ok && l.Lossy() {
 			c.lossy[gi] = true
 		}
+		if ck, ok := g.Policy.(interface{ Check() error }); ok {
+			if err := ck.Check(); err != nil {
+				return nil, err
+			}
+		}
+		if _, ok := g.Policy.(QueryShifter); ok && (cfg.Rope == nil || cfg.Rope.HeadDim != g.KDim || 2*len(cfg.Rope.Freqs) > g.KDim) {
+			return nil, fmt.Errorf("kvcache: policy %v moves positions and needs the model's rotary embedding for head dim %d (Config.Rope)", g.Policy, g.KDim)
+		}
 		for _, l := range g.Layers {
 			ls := &c.layers[l]
 			ls.group = gi
@@ -195,7 +209,26 @@ func New(cfg Config) (*Cache, error) {
 			}
 		}
 	}
+	for gi, g := range groups {
+		if a, ok := g.Policy.(attacher); ok {
+			if err := a.attach(c, gi); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return c, nil
+}
+
+// PositionLimit is the largest position plus one the cache lets a model
+// compute at: 0 (the model's context decides) unless every group's policy
+// keeps relative distances bounded (Unbounded), then math.MaxInt32.
+func (c *Cache) PositionLimit() int {
+	for _, g := range c.groups {
+		if u, ok := g.Policy.(Unbounded); !ok || !u.Unbounded() {
+			return 0
+		}
+	}
+	return math.MaxInt32
 }
 
 // Config is the configuration the cache was built with (defaults filled in).
@@ -392,8 +425,18 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 	if t == nil {
 		return
 	}
+	for _, g := range c.groups {
+		if tr, ok := g.Policy.(Tracker); ok {
+			tr.Committed(seq, computed)
+		}
+	}
 	if c.cfg.PrefixCache {
 		n := min(computed, len(tokens))
+		for _, g := range c.groups {
+			if s, ok := g.Policy.(Sealer); ok {
+				n = min(n, s.Sealed(seq))
+			}
+		}
 		for i := len(t.hashes); (i+1)*c.bs <= n && i < len(t.blocks); i++ {
 			var parent uint64
 			if i > 0 {
@@ -415,6 +458,7 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 // Free releases all of seq's blocks. The tail blocks go back to the free
 // queue first, so a cached prefix outlives its own continuation.
 func (c *Cache) Free(seq int32) {
+	c.track(func(tr Tracker) { tr.Truncated(seq, 0) })
 	t := c.tables[seq]
 	if t == nil {
 		return
@@ -449,7 +493,17 @@ func (c *Cache) Fork(parent, child int32) error {
 		}
 	}
 	c.tables[child] = t
+	c.track(func(tr Tracker) { tr.Forked(parent, child) })
 	return nil
+}
+
+// track calls fn for every group policy that keeps per-sequence state.
+func (c *Cache) track(fn func(Tracker)) {
+	for _, g := range c.groups {
+		if tr, ok := g.Policy.(Tracker); ok {
+			fn(tr)
+		}
+	}
 }
 
 // Table returns seq's block ids (shared; do not modify); entries a policy
@@ -578,6 +632,7 @@ func (c *Cache) Truncate(seq int32, n int) {
 	if n < 0 {
 		n = 0
 	}
+	c.track(func(tr Tracker) { tr.Truncated(seq, n) })
 	keep := c.blocksFor(n)
 	for i := len(t.blocks) - 1; i >= keep; i-- {
 		if t.blocks[i] == released {
