@@ -175,3 +175,26 @@ func TestStreamingPrefixCache(t *testing.T) {
 		t.Fatal("leak")
 	}
 }
+
+func TestParsePolicy(t *testing.T) {
+	for s, want := range map[string]Policy{
+		"full":                                 FullPolicy{},
+		"":                                     FullPolicy{},
+		"window:w=64":                          WindowPolicy{64},
+		"streaming":                            StreamingPolicy{Sinks: 4, Window: 256},
+		"streaming:sinks=0,window=8":           StreamingPolicy{Window: 8},
+		"streaming:window=8,pos=shift":         StreamingPolicy{Sinks: 4, Window: 8, Scheme: PosShift, Ctx: 20},
+		"streaming:window=8,pos=shift,ctx=100": StreamingPolicy{Sinks: 4, Window: 8, Scheme: PosShift, Ctx: 100},
+	} {
+		got, err := ParsePolicy(s)
+		if err != nil || got != want {
+			t.Errorf("ParsePolicy(%q) = %v, %v; want %v", s, got, err, want)
+		}
+	}
+	for _, s := range []string{"lru", "streaming:sink=4", "streaming:window=0", "streaming:window=x", "streaming:pos=left",
+		"streaming:window=8,pos=shift,ctx=10", "window", "streaming:window"} {
+		if _, err := ParsePolicy(s); err == nil {
+			t.Errorf("ParsePolicy(%q) accepted", s)
+		}
+	}
+}
