@@ -23,6 +23,7 @@ type stepSeq struct {
 	id      int32
 	blocks  []int32 // the block table, holes released
 	maxHole int     // highest released logical block, -1 for none
+	rows    int     // rows of the step: 1 for a decode, more for a prompt chunk
 }
 
 // groupVis is what the group's policy lets each row attend: the spans of
@@ -56,6 +57,7 @@ func (c *Cache) Begin(b *model.Batch) error {
 			st.seqs = append(st.seqs, s)
 		}
 		s := &st.seqs[len(st.seqs)-1]
+		s.rows++
 		blk := int(pos) / c.bs
 		if pos < 0 || blk >= len(s.blocks) {
 			return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(s.blocks))
@@ -349,3 +351,13 @@ var _ model.KVCache = (*Cache)(nil)
 // different rows once their K/V are stored: it reads the prepared step and
 // the storage only, and its scratch comes from a sync.Pool.
 func (c *Cache) ParallelAttend() bool { return true }
+
+// stepSeq is seq's entry in the prepared step (nil if it has no rows).
+func (c *Cache) stepSeq(seq int32) *stepSeq {
+	for i := range c.step.seqs {
+		if c.step.seqs[i].id == seq {
+			return &c.step.seqs[i]
+		}
+	}
+	return nil
+}

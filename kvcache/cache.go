@@ -211,13 +211,19 @@ func New(cfg Config) (*Cache, error) {
 	}
 	for gi, g := range groups {
 		if a, ok := g.Policy.(attacher); ok {
-			if err := a.attach(c, gi); err != nil {
+			bound, err := a.attach(c, gi)
+			if err != nil {
 				return nil, err
 			}
+			c.groups[gi].Policy = bound
 		}
 	}
 	return c, nil
 }
+
+// Policy is the policy of layer group gi as the cache runs it: a copy
+// bound to this cache for policies that keep state.
+func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
 
 // PositionLimit is the largest position plus one the cache lets a model
 // compute at: 0 (the model's context decides) unless every group's policy

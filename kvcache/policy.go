@@ -152,8 +152,10 @@ type Sealer interface {
 	Sealed(seq int32) int
 }
 
-// attacher is a policy the cache hands itself to at construction
-// (Quest reads per-block key bounds, H2O sizes its score tables).
+// attacher is a policy the cache hands itself to at construction (Quest
+// reads per-block key bounds, H2O sizes its score tables): attach returns
+// the instance bound to c, which the cache uses in its place, so one
+// configured policy value can serve several caches.
 type attacher interface {
-	attach(c *Cache, group int) error
+	attach(c *Cache, group int) (Policy, error)
 }
