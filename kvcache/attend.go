@@ -83,6 +83,9 @@ func (c *Cache) Begin(b *model.Batch) error {
 			}
 			v.off = append(v.off, int32(len(v.spans)))
 		}
+		if sp, ok := g.Policy.(stepper); ok {
+			sp.beginStep()
+		}
 	}
 	return nil
 }

@@ -159,3 +159,7 @@ type Sealer interface {
 type attacher interface {
 	attach(c *Cache, group int) (Policy, error)
 }
+
+// stepper is a bound policy that prepares per-sequence state for the step
+// Begin has just laid out (c.step), before Attend runs concurrently.
+type stepper interface{ beginStep() }
