@@ -477,7 +477,8 @@ func (e *Engine) takeInbox() {
 	e.inBlocks = nil
 	e.mu.Unlock()
 	for _, r := range news {
-		e.sch.add(r)
+		s := e.sch.add(r)
+		e.kv.NotePrompt(s.id, len(r.r.Prompt))
 	}
 	for _, r := range cancels {
 		e.endRequest(r, FinishCancelled, nil)

@@ -225,6 +225,17 @@ func New(cfg Config) (*Cache, error) {
 // bound to this cache for policies that keep state.
 func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
 
+// NotePrompt tells the policies that seq's prompt is its first n tokens
+// (SnapKV compresses the prompt when it has been computed). The engine
+// calls it when it queues a request.
+func (c *Cache) NotePrompt(seq int32, n int) {
+	for _, g := range c.groups {
+		if p, ok := g.Policy.(prompter); ok {
+			p.notePrompt(seq, n)
+		}
+	}
+}
+
 // PositionLimit is the largest position plus one the cache lets a model
 // compute at: 0 (the model's context decides) unless every group's policy
 // keeps relative distances bounded (Unbounded), then math.MaxInt32.
@@ -314,7 +325,13 @@ func (c *Cache) Lookup(tokens []int32, extra uint64) []int32 {
 	}
 	var hit []int32
 	var h uint64
-	for i := 0; (i+1)*c.bs <= len(tokens)-1; i++ {
+	limit := len(tokens) - 1
+	for _, g := range c.groups {
+		if l, ok := g.Policy.(hitLimiter); ok {
+			limit = min(limit, l.hitLimit(len(tokens)))
+		}
+	}
+	for i := 0; (i+1)*c.bs <= limit; i++ {
 		blk := tokens[i*c.bs : (i+1)*c.bs]
 		h = BlockHash(h, blk, extra)
 		id, ok := c.pool.lookup(h, blk, extra)

@@ -98,6 +98,10 @@ func (p *H2OPolicy) Committed(seq int32, next int) {
 	}
 }
 
+// hitLimit: every prompt query adds mass, so a prefix hit would change
+// what is evicted; H2O takes no prefix hits.
+func (*H2OPolicy) hitLimit(int) int { return 0 }
+
 // Truncated implements Tracker.
 func (p *H2OPolicy) Truncated(seq int32, n int) { p.m.truncated(seq, n) }
 

@@ -163,3 +163,13 @@ type attacher interface {
 // stepper is a bound policy that prepares per-sequence state for the step
 // Begin has just laid out (c.step), before Attend runs concurrently.
 type stepper interface{ beginStep() }
+
+// prompter is a bound policy that needs each sequence's prompt length
+// (SnapKV's observation window ends there).
+type prompter interface{ notePrompt(seq int32, n int) }
+
+// hitLimiter is a policy whose decisions need the scores of prompt
+// queries: a prefix hit must leave at least those queries to compute, so
+// Lookup returns at most hitLimit(n) of n tokens (H2O: none, every query
+// adds mass; SnapKV: all but the observation window).
+type hitLimiter interface{ hitLimit(n int) int }

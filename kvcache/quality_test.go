@@ -85,6 +85,7 @@ func teacherForced(t testing.TB, m *model.Model, pol Policy, toks []int32, prefi
 	if err != nil {
 		t.Fatal(err)
 	}
+	cache.NotePrompt(0, prefill)
 	var rows [][]float64
 	for pos := 0; pos < len(toks)-1; {
 		n := 1
@@ -173,29 +174,33 @@ func TestPolicyQuality(t *testing.T) {
 			t.Errorf("%s covers everything but KL %.3g, top-1 %.3f", spec, q.kl, q.top1)
 		}
 	}
-	if testing.Short() {
-		return
+	if os.Getenv("PAGODA_KVPOL_QUALITY") == "" {
+		t.Skip("the quality table runs with PAGODA_KVPOL_QUALITY=1 (about a minute)")
 	}
 	var table strings.Builder
-	fmt.Fprintf(&table, "%-44s %10s %7s %8s %8s\n", "policy (stories260K, 3×512 own tokens)", "KL", "top-1", "ppl", "full ppl")
+	fmt.Fprintf(&table, "%-52s %8s %7s %8s %8s\n", "policy (stories260K, 3×512 own tokens)", "KL", "top-1", "ppl", "full ppl")
 	row := func(prefill int, spec string) quality {
 		q := policyQuality(t, m, corpora, prefill, spec)
-		fmt.Fprintf(&table, "%-44s %10.4f %7.3f %8.3f %8.3f\n", fmt.Sprintf("%s (prefill %d)", spec, prefill), q.kl, q.top1, q.ppl, q.pplFull)
+		fmt.Fprintf(&table, "%-52s %8.4f %7.3f %8.3f %8.3f\n", fmt.Sprintf("%s (prompt %d)", spec, prefill), q.kl, q.top1, q.ppl, q.pplFull)
 		return q
 	}
-	// StreamingLLM: a cache of 64 tokens over a stream of 8× that.
-	win := row(1, "streaming:sinks=0,window=64")
-	sink := row(1, "streaming:sinks=4,window=60")
-	row(1, "streaming:sinks=4,window=60,pos=shift,ctx=124")
-	if sink.kl >= win.kl {
-		t.Errorf("4 sinks + 60 recent (KL %.4f) not better than 64 recent (KL %.4f)", sink.kl, win.kl)
+	// StreamingLLM: caches of 32 and 64 tokens over a stream 16× and 8× that.
+	for _, w := range []int{32, 64} {
+		row(1, fmt.Sprintf("streaming:sinks=0,window=%d", w))
+		row(1, fmt.Sprintf("streaming:sinks=4,window=%d", w-4))
+		row(1, fmt.Sprintf("streaming:sinks=4,window=%d,pos=shift,ctx=%d", w/2, w))
 	}
-	for _, budget := range []int{64, 128, 256} {
-		row(256, fmt.Sprintf("quest:budget=%d", budget))
-		row(256, fmt.Sprintf("streaming:sinks=0,window=%d", budget))
+	// Equal budgets over a 256-token prompt and 256 decoded tokens.
+	for _, b := range []int{64, 128, 256} {
+		row(256, fmt.Sprintf("quest:budget=%d", b))
+		row(256, fmt.Sprintf("h2o:heavy=%d,recent=%d", b/2, b/2))
+		row(256, fmt.Sprintf("snapkv:capacity=%d", b))
+		row(256, fmt.Sprintf("streaming:sinks=0,window=%d", b))
 	}
 	t.Logf("\n%s", table.String())
 	if out := os.Getenv("PAGODA_KVPOL_TABLE"); out != "" {
-		os.WriteFile(out, []byte(table.String()), 0o644)
+		if err := os.WriteFile(out, []byte(table.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
 	}
 }
