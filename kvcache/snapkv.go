@@ -43,7 +43,9 @@ func (p *SnapKVPolicy) attach(c *Cache, gi int) (Policy, error) {
 func (p *SnapKVPolicy) notePrompt(seq int32, n int) { p.prompts[seq] = n }
 
 // Visible implements Policy.
-func (*SnapKVPolicy) Visible(_ int32, pos int, dst []Span) []Span { return append(dst, Span{0, pos + 1}) }
+func (*SnapKVPolicy) Visible(_ int32, pos int, dst []Span) []Span {
+	return append(dst, Span{0, pos + 1})
+}
 
 // Release implements Policy: blocks every head has evicted.
 func (p *SnapKVPolicy) Release(seq int32, next, bs int, dst []Span) []Span {
