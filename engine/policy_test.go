@@ -102,3 +102,107 @@ func startModelEngine(t *testing.T, m *model.Model, cfg Config) *Engine {
 	t.Cleanup(func() { e.Stop(context.Background()) })
 	return e
 }
+
+// TestPoliciesServe runs every policy through the serving engine on the
+// real model: batched requests (with a second round hitting the prefix
+// cache) give the tokens each gives alone; a small pool forces chunked
+// prefill and preemption, and cancellation mid-stream; no block leaks.
+// Streaming must match its alone run even under preemption (its K/V are a
+// function of the token prefix); the score- and selection-driven policies
+// recompute a preempted sequence's decoded tokens as a prompt, which they
+// treat differently, so there only completion and leaks are checked.
+func TestPoliciesServe(t *testing.T) {
+	m := openStories(t)
+	tok := m.Tokenizer()
+	shared := tok.Encode("Once upon a time there was a little girl named Lily. She loved to play outside in the park with her friends.", tokenizer.Options{AddSpecial: true})
+	var reqs []*Request
+	for i := 0; i < 5; i++ {
+		p := append(append([]int32(nil), shared[:12+5*i]...), tok.Encode(fmt.Sprintf(" One day %d", i), tokenizer.Options{})...)
+		reqs = append(reqs, &Request{ID: fmt.Sprint(i), Prompt: p, MaxTokens: 40, IgnoreEOS: true})
+	}
+	for _, spec := range []string{"streaming:sinks=4,window=24", "quest:budget=24,dense=2", "h2o:heavy=12,recent=12", "snapkv:capacity=24,window=8"} {
+		t.Run(spec, func(t *testing.T) {
+			pol, err := kvcache.ParsePolicy(spec)
+			if err != nil {
+				t.Fatal(err)
+			}
+			base := modelConfig(m)
+			base.KVPolicy = pol
+			base.BlockSize = 8
+			base.KVDType = kvcache.F32
+
+			alone := base
+			alone.KVBlocks = 64
+			alone.DisablePrefixCache = true
+			ea := startModelEngine(t, m, alone)
+			var want []result
+			for _, r := range reqs {
+				want = append(want, run(t, ea, r))
+			}
+			mustNoLeak(t, ea)
+
+			batched := base
+			batched.KVBlocks = 80
+			e := startModelEngine(t, m, batched)
+			for round := 0; round < 2; round++ {
+				got := runAll(t, e, reqs)
+				for i := range reqs {
+					if fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
+						t.Fatalf("round %d request %d batched %v, alone %v", round, i, got[i].tokens, want[i].tokens)
+					}
+				}
+				mustNoLeak(t, e)
+			}
+			if _, isH2O := pol.(*kvcache.H2OPolicy); !isH2O && e.Stats().PrefixHits == 0 {
+				t.Fatal("the second round hit no cached prefix")
+			}
+
+			small := base
+			small.KVBlocks = 16
+			small.MaxNumBatchedTokens = 32
+			es := startModelEngine(t, m, small)
+			got := runAll(t, es, reqs)
+			for i, r := range reqs {
+				if len(got[i].tokens[0]) != r.MaxTokens {
+					t.Fatalf("request %d under pressure: %d tokens", i, len(got[i].tokens[0]))
+				}
+				if _, ok := pol.(kvcache.StreamingPolicy); ok && fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
+					t.Fatalf("request %d under preemption %v, alone %v", i, got[i].tokens, want[i].tokens)
+				}
+			}
+			if es.Stats().Preemptions == 0 {
+				t.Fatal("the small pool preempted nothing")
+			}
+			mustNoLeak(t, es)
+
+			// Cancel one request after its first token.
+			ctx, cancel := context.WithCancel(context.Background())
+			ch, err := es.Submit(ctx, &Request{Prompt: reqs[4].Prompt, MaxTokens: 80, IgnoreEOS: true})
+			if err != nil {
+				t.Fatal(err)
+			}
+			<-ch
+			cancel()
+			for range ch {
+			}
+			es.Stop(context.Background())
+			mustNoLeak(t, es)
+		})
+	}
+}
+
+func runAll(t *testing.T, e *Engine, reqs []*Request) []result {
+	t.Helper()
+	got := make([]result, len(reqs))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
+		ch, err := e.Submit(context.Background(), r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Add(1)
+		go func() { defer wg.Done(); got[i] = collect(t, ch, 1) }()
+	}
+	wg.Wait()
+	return got
+}
