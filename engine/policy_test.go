@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync"
 	"testing"
+	"time"
 
 	"pagoda/kvcache"
 	"pagoda/model"
@@ -57,6 +58,7 @@ func TestStreamingPastContext(t *testing.T) {
 		}
 		want = append(want, res)
 	}
+	ea.Stop(context.Background())
 	mustNoLeak(t, ea)
 	// Until the first token leaves the window, attention is the full cache's.
 	for i, r := range reqs {
@@ -88,6 +90,7 @@ func TestStreamingPastContext(t *testing.T) {
 			t.Fatalf("request %d batched %v, alone %v", i, got[i].tokens, want[i].tokens)
 		}
 	}
+	e.Stop(context.Background())
 	mustNoLeak(t, e)
 	t.Logf("preemptions %d, prefix hits %d tokens", e.Stats().Preemptions, e.Stats().PrefixHits)
 }
@@ -139,6 +142,7 @@ func TestPoliciesServe(t *testing.T) {
 			for _, r := range reqs {
 				want = append(want, run(t, ea, r))
 			}
+			ea.Stop(context.Background())
 			mustNoLeak(t, ea)
 
 			batched := base
@@ -151,8 +155,10 @@ func TestPoliciesServe(t *testing.T) {
 						t.Fatalf("round %d request %d batched %v, alone %v", round, i, got[i].tokens, want[i].tokens)
 					}
 				}
-				mustNoLeak(t, e)
+				settled(t, e)
 			}
+			e.Stop(context.Background())
+			mustNoLeak(t, e)
 			if _, isH2O := pol.(*kvcache.H2OPolicy); !isH2O && e.Stats().PrefixHits == 0 {
 				t.Fatal("the second round hit no cached prefix")
 			}
@@ -173,7 +179,7 @@ func TestPoliciesServe(t *testing.T) {
 			if es.Stats().Preemptions == 0 {
 				t.Fatal("the small pool preempted nothing")
 			}
-			mustNoLeak(t, es)
+			settled(t, es)
 
 			// Cancel one request after its first token.
 			ctx, cancel := context.WithCancel(context.Background())
@@ -205,4 +211,25 @@ func runAll(t *testing.T, e *Engine, reqs []*Request) []result {
 	}
 	wg.Wait()
 	return got
+}
+
+// settled waits until the engine has freed every finished request's
+// blocks (the final event reaches the client before the step that
+// produced it frees them) and checks none is held.
+func settled(t *testing.T, e *Engine) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		st := e.Stats()
+		if st.Running == 0 && st.Waiting == 0 && st.KV.Seqs == 0 {
+			if st.KV.Used != 0 {
+				t.Fatalf("blocks leaked: %+v", st.KV)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine not idle: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
+	}
 }

@@ -3,7 +3,11 @@ package kvcache
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"runtime"
+	"strconv"
 	"testing"
+	"time"
 
 	"pagoda/model"
 )
@@ -62,4 +66,83 @@ func benchQuest(b *testing.B, ctx int, pol Policy) {
 		c.Attend(0, 0, 1, q[:qd], out, p)
 	}
 	b.ReportMetric(float64(b.Elapsed().Microseconds())/float64(b.N), "µs/query")
+}
+
+// timedKV measures the time a forward pass spends in Attend (a decode of
+// one sequence attends from the calling goroutine, one layer at a time).
+type timedKV struct {
+	*Cache
+	attn time.Duration
+}
+
+func (t *timedKV) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) {
+	s := time.Now()
+	t.Cache.Attend(layer, lo, hi, q, out, p)
+	t.attn += time.Since(s)
+}
+
+// BenchmarkQuestModelDecode decodes on a real model file (PAGODA_BENCH_MODEL,
+// e.g. `pagoda synth -preset tinyllama-1.1b -type Q4_0`) at depth 4096:
+// the cache is filled with random K/V for 4096 positions (attention costs
+// the same whatever they hold), then tokens are decoded one at a time,
+// dense against Quest, reporting tok/s and the share of the step spent in
+// attention.
+func BenchmarkQuestModelDecode(b *testing.B) {
+	path := os.Getenv("PAGODA_BENCH_MODEL")
+	if path == "" {
+		b.Skip("set PAGODA_BENCH_MODEL to a GGUF")
+	}
+	depth := 4096
+	if s := os.Getenv("PAGODA_BENCH_DEPTH"); s != "" {
+		depth, _ = strconv.Atoi(s)
+	}
+	m, err := model.Open(path, model.Options{Threads: runtime.GOMAXPROCS(0)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer m.Close()
+	c := &m.Config
+	for _, spec := range []string{"full", "quest:budget=256", "quest:budget=1024"} {
+		b.Run(spec, func(b *testing.B) {
+			pol, err := ParsePolicy(spec)
+			if err != nil {
+				b.Fatal(err)
+			}
+			cache, err := New(Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, NumBlocks: (depth+b.N+16)/16 + 2, Policy: pol})
+			if err != nil {
+				b.Fatal(err)
+			}
+			cache.Allocate(0, nil, 0, depth)
+			batch := &model.Batch{Tokens: make([]int32, depth), Pos: make([]int32, depth), Seq: make([]int32, depth)}
+			for i := range batch.Pos {
+				batch.Pos[i] = int32(i)
+			}
+			if err := cache.Begin(batch); err != nil {
+				b.Fatal(err)
+			}
+			r := rand.New(rand.NewPCG(1, 1))
+			k, v := make([]float32, c.NKVHead*c.HeadDim), make([]float32, c.NKVHead*c.HeadDim)
+			for l := 0; l < c.NLayer; l++ {
+				for pos := 0; pos < depth; pos++ {
+					for i := range k {
+						k[i], v[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
+					}
+					cache.Store(l, pos, k, v)
+				}
+			}
+			cache.Commit(0, nil, depth, 0)
+			kv := &timedKV{Cache: cache}
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				pos := depth + i
+				cache.Allocate(0, nil, pos, pos+1)
+				if _, err := m.Forward(&model.Batch{Tokens: []int32{1}, Pos: []int32{int32(pos)}, Seq: []int32{0}}, kv); err != nil {
+					b.Fatal(err)
+				}
+				cache.Commit(0, nil, pos+1, 0)
+			}
+			b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "tok/s")
+			b.ReportMetric(100*kv.attn.Seconds()/b.Elapsed().Seconds(), "%attn")
+		})
+	}
 }
