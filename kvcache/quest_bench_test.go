@@ -96,7 +96,7 @@ func BenchmarkQuestModelDecode(b *testing.B) {
 	if s := os.Getenv("PAGODA_BENCH_DEPTH"); s != "" {
 		depth, _ = strconv.Atoi(s)
 	}
-	m, err := model.Open(path, model.Options{Threads: runtime.GOMAXPROCS(0)})
+	m, err := model.Open(path, model.Options{Threads: runtime.GOMAXPROCS(0), ContextLen: depth + 1024})
 	if err != nil {
 		b.Fatal(err)
 	}
