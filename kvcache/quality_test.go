@@ -78,10 +78,19 @@ func logSoftmax(lg []float32) []float64 {
 // prefill tokens in one chunk, then one token per step, and returns the
 // log-probabilities of rows prefill-1 .. len-2 (each predicts the next).
 func teacherForced(t testing.TB, m *model.Model, pol Policy, toks []int32, prefill int) [][]float64 {
+	return teacherForcedConfig(t, m, storiesConfig(m, len(toks), pol), toks, prefill)
+}
+
+func storiesConfig(m *model.Model, n int, pol Policy) Config {
 	c := &m.Config
-	cache, err := New(Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16,
-		NumBlocks: len(toks)/16 + 2, DType: F32, Policy: pol,
-		Rope: &Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim}})
+	return Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16,
+		NumBlocks: n/16 + 2, DType: F32, Policy: pol,
+		Rope: &Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim}}
+}
+
+func teacherForcedConfig(t testing.TB, m *model.Model, cfg Config, toks []int32, prefill int) [][]float64 {
+	pol := cfg.Policy
+	cache, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
