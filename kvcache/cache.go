@@ -695,6 +695,11 @@ func (c *Cache) MapKeys(seq int32, from, to int, fn func(layer, pos int, k []flo
 	if from < 0 || to > t.filled || from > to {
 		return fmt.Errorf("kvcache: positions [%d, %d) outside the %d of sequence %d", from, to, t.filled, seq)
 	}
+	for l := range c.layers {
+		if _, ok := c.layers[l].k.(*mergedPages); ok {
+			return fmt.Errorf("kvcache: layer %d's keys are merged with another layer's (MiniCache): they cannot be rewritten one layer at a time", l)
+		}
+	}
 	var row []float32
 	for l := range c.layers {
 		ls := &c.layers[l]
