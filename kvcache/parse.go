@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"cmp"
 	"fmt"
 	"sort"
 	"strconv"
@@ -141,4 +142,52 @@ func (a *args) float(k string, def float64) float64 {
 		a.fail("%s=%q is not a non-negative number", k, v)
 	}
 	return f
+}
+
+// Configure applies a KV configuration string to cfg, whose shape fields
+// (NLayer, NKVHead, HeadDim, DType) must be set: a policy (ParsePolicy)
+// becomes cfg.Policy; "minicache:from=L,t=0.5,retain=0.5,spare=4" lays
+// out cfg.Groups with adjacent layers merged from layer L on (default:
+// the middle layer). This is the one entry point an evaluation needs.
+func Configure(cfg *Config, spec string) error {
+	name, rest, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if strings.ToLower(name) != "minicache" {
+		p, err := ParsePolicy(spec)
+		if err != nil {
+			return err
+		}
+		cfg.Policy = p
+		return nil
+	}
+	if cfg.NLayer < 2 || cfg.NKVHead <= 0 || cfg.HeadDim <= 0 || len(cfg.Groups) > 0 {
+		return fmt.Errorf("kvcache: %q needs a plain shape of at least 2 layers (got %d layers, %d groups)", spec, cfg.NLayer, len(cfg.Groups))
+	}
+	kv := map[string]string{}
+	if rest != "" {
+		for _, f := range strings.Split(rest, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(f), "=")
+			if !ok {
+				return fmt.Errorf("kvcache: %q: setting %q is not key=value", spec, f)
+			}
+			kv[strings.ToLower(k)] = v
+		}
+	}
+	a := &args{policy: spec, kv: kv}
+	from := a.int("from", cfg.NLayer/2)
+	t, retain, spare := a.float("t", 0.5), a.float("retain", 0.5), a.int("spare", cmp.Or(cfg.BlockSize, DefaultBlockSize)/4)
+	if a.err != nil {
+		return a.err
+	}
+	if len(a.kv) > 0 {
+		return fmt.Errorf("kvcache: %q: unknown setting", spec)
+	}
+	if from >= cfg.NLayer-1 || t > 1 {
+		return fmt.Errorf("kvcache: %q: from must leave a pair below %d layers, t must be in [0, 1]", spec, cfg.NLayer)
+	}
+	var base Format = cfg.DType
+	if cfg.KFormat != nil || cfg.VFormat != nil {
+		return fmt.Errorf("kvcache: %q keeps its directions in the cache's dtype; separate K/V formats are not supported with it", spec)
+	}
+	cfg.Groups = MiniCacheGroups(cfg.NLayer, cfg.NKVHead, cfg.HeadDim, from, base, t, retain, spare)
+	return nil
 }

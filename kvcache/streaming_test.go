@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -185,16 +186,46 @@ func TestParsePolicy(t *testing.T) {
 		"streaming:sinks=0,window=8":           StreamingPolicy{Window: 8},
 		"streaming:window=8,pos=shift":         StreamingPolicy{Sinks: 4, Window: 8, Scheme: PosShift, Ctx: 20},
 		"streaming:window=8,pos=shift,ctx=100": StreamingPolicy{Sinks: 4, Window: 8, Scheme: PosShift, Ctx: 100},
+		"quest":                                NewQuest(1024, 2),
+		"quest:budget=256,dense=0":             NewQuest(256, 0),
+		"h2o":                                  NewH2O(0.1, 0.1),
+		"h2o:heavy=64,recent=32":               NewH2O(64, 32),
+		"snapkv:capacity=512":                  NewSnapKV(512, 32, 7),
 	} {
 		got, err := ParsePolicy(s)
-		if err != nil || got != want {
+		if err != nil || fmt.Sprint(got) != fmt.Sprint(want) {
 			t.Errorf("ParsePolicy(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
 	for _, s := range []string{"lru", "streaming:sink=4", "streaming:window=0", "streaming:window=x", "streaming:pos=left",
-		"streaming:window=8,pos=shift,ctx=10", "window", "streaming:window"} {
+		"streaming:window=8,pos=shift,ctx=10", "window", "streaming:window", "quest:budget=0", "h2o:heavy=0.6,recent=0.5",
+		"snapkv:capacity=8,window=32", "snapkv:kernel=4", "h2o:heavy=x"} {
 		if _, err := ParsePolicy(s); err == nil {
 			t.Errorf("ParsePolicy(%q) accepted", s)
+		}
+	}
+}
+
+func TestConfigure(t *testing.T) {
+	cfg := Config{NLayer: 5, NKVHead: 2, HeadDim: 8, NumBlocks: 4}
+	if err := Configure(&cfg, "quest:budget=64"); err != nil || cfg.Policy.(*QuestPolicy).Budget != 64 {
+		t.Fatalf("quest: %v %v", cfg.Policy, err)
+	}
+	cfg = Config{NLayer: 5, NKVHead: 2, HeadDim: 8, NumBlocks: 4}
+	if err := Configure(&cfg, "minicache:from=1,spare=2"); err != nil {
+		t.Fatal(err)
+	}
+	// Layer 0 plain, pairs (1,2) and (3,4).
+	if len(cfg.Groups) != 3 || len(cfg.Groups[0].Layers) != 1 || cfg.Groups[2].Layers[0] != 3 {
+		t.Fatalf("groups %+v", cfg.Groups)
+	}
+	if _, err := New(cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range []string{"minicache:from=4", "minicache:frm=1", "minicache:t=2", "bogus"} {
+		cfg := Config{NLayer: 5, NKVHead: 2, HeadDim: 8, NumBlocks: 4}
+		if err := Configure(&cfg, s); err == nil {
+			t.Errorf("Configure(%q) accepted", s)
 		}
 	}
 }
