@@ -96,9 +96,17 @@ func (c Config) BlockBytes() int64 {
 	var n int64
 	for _, g := range c.groups() {
 		n += g.blockBytes(bs)
+		if m, ok := g.Policy.(policyBlockMeta); ok {
+			n += m.blockMetaBytes(&g)
+		}
 	}
 	return n
 }
+
+// policyBlockMeta is a policy that keeps data per physical block (Quest's key
+// bounds): its bytes count in a block's size, so a byte budget holds
+// fewer blocks rather than more memory than asked.
+type policyBlockMeta interface{ blockMetaBytes(g *GroupSpec) int64 }
 
 // seqTable is one sequence's view of the pool.
 type seqTable struct {

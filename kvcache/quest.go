@@ -69,11 +69,25 @@ func (p *QuestPolicy) Check() error {
 func (p *QuestPolicy) attach(c *Cache, gi int) (Policy, error) {
 	g := &c.groups[gi]
 	st := &questState{c: c, group: gi, layer: map[int]int{}, nkv: g.NKVHead, kd: g.KDim, seqs: map[int32]*questSeq{}}
-	for i, l := range g.Layers {
-		st.layer[l] = i
-		st.bounds = append(st.bounds, make([]float32, c.cfg.NumBlocks*g.NKVHead*2*g.KDim))
+	for _, l := range g.Layers {
+		if l >= p.Dense { // dense layers select nothing: no bounds
+			st.layer[l] = len(st.bounds)
+			st.bounds = append(st.bounds, make([]float32, c.cfg.NumBlocks*g.NKVHead*2*g.KDim))
+		}
 	}
 	return &QuestPolicy{Budget: p.Budget, Dense: p.Dense, st: st}, nil
+}
+
+// blockMetaBytes: a block's float32 key minima and maxima per KV head in
+// every layer that selects.
+func (p *QuestPolicy) blockMetaBytes(g *GroupSpec) int64 {
+	n := 0
+	for _, l := range g.Layers {
+		if l >= p.Dense {
+			n++
+		}
+	}
+	return int64(n * g.NKVHead * 2 * g.KDim * 4)
 }
 
 // Visible implements Policy: everything (selection happens per query).

@@ -70,6 +70,10 @@ func TestQuestMatchesReference(t *testing.T) {
 			t.Fatal(err)
 		}
 		dense, _ := New(Config{NLayer: 2, NKVHead: nkv, HeadDim: hd, BlockSize: bs, NumBlocks: 20, DType: F32})
+		// The bounds of the one selecting layer count in a block's bytes.
+		if got, want := c.Config().BlockBytes(), dense.Config().BlockBytes()+nkv*2*hd*4; got != want {
+			t.Fatalf("quest block of %d bytes, want %d", got, want)
+		}
 		r := rand.New(rand.NewPCG(5, uint64(budget)))
 		keys, vals := [2][][]float32{}, [2][][]float32{}
 		toks := []int32{}
