@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"pagoda/model"
@@ -193,6 +194,13 @@ func TestPolicyQuality(t *testing.T) {
 		fmt.Fprintf(&table, "%-52s %8.4f %7.3f %8.3f %8.3f\n", fmt.Sprintf("%s (prompt %d)", spec, prefill), q.kl, q.top1, q.ppl, q.pplFull)
 		return q
 	}
+	// Does the model have attention sinks? The mass queries past 64 put on
+	// the first four tokens, per layer, under the full cache.
+	sm := &sinkMass{}
+	teacherForced(t, m, sm, corpora[0], 1)
+	for l := 0; l < m.Config.NLayer; l++ {
+		fmt.Fprintf(&table, "layer %d: attention on tokens 0-3 from queries past 64: %.4f (uniform over 4 of ~290: %.4f)\n", l, sm.first4[l]/sm.n[l], 4/290.0)
+	}
 	// StreamingLLM: caches of 32 and 64 tokens over a stream 16× and 8× that.
 	for _, w := range []int{32, 64} {
 		row(1, fmt.Sprintf("streaming:sinks=0,window=%d", w))
@@ -212,4 +220,22 @@ func TestPolicyQuality(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+}
+
+// sinkMass is a full cache that sums, per layer, the attention weight
+// queries at positions 64 and later put on the first four positions.
+type sinkMass struct {
+	FullPolicy
+	mu        sync.Mutex
+	first4, n [64]float64
+}
+
+func (s *sinkMass) ObserveScores(layer int, _ int32, pos, _ int, _ []Span, w []float32) {
+	if pos < 64 || layer >= len(s.n) {
+		return
+	}
+	s.mu.Lock()
+	s.first4[layer] += float64(w[0] + w[1] + w[2] + w[3])
+	s.n[layer]++
+	s.mu.Unlock()
 }
