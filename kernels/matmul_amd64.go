@@ -99,6 +99,11 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 }
 
 func (o *Ops) matMulPacked(p *Pool, w *Matrix, x, out []float32, batch int) {
+	if w.Perm != nil && batch > 0 {
+		xp := gatherCols(w, x, batch)
+		defer putGather(xp)
+		x = *xp
+	}
 	pk := w.packedFor(o.avx2)
 	if pk.kind == packNone {
 		o.matMulFloat(p, w, x, out, batch)
@@ -126,12 +131,24 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 	var jobs []mmJob
 	var bufs []*actBuf
 	var sigs []*packed
+	var perms [][]int32
+	var gathered []*[]float32
 	defer func() {
 		for _, a := range bufs {
 			actPool.Put(a)
 		}
+		for _, g := range gathered {
+			putGather(g)
+		}
 	}()
+	x0 := x
 	for i, w := range ws {
+		x := x0
+		if w.Perm != nil {
+			xp := gatherCols(w, x0, batch)
+			gathered = append(gathered, xp)
+			x = *xp
+		}
 		pk := w.packedFor(o.avx2)
 		if pk.kind == packNone {
 			o.matMulFloat(p, w, x, outs[i], batch)
@@ -141,7 +158,7 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 		_ = outs[i][batch*w.Rows-1]
 		var a *actBuf
 		for j, s := range sigs {
-			if s.act == pk.act && s.block == pk.block && s.k == pk.k {
+			if s.act == pk.act && s.block == pk.block && s.k == pk.k && samePerm(perms[j], w.Perm) {
 				a = bufs[j]
 			}
 		}
@@ -150,6 +167,7 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 			quantizeActs(p, pk, x, batch, w.Cols, a, o.asmQuant)
 			bufs = append(bufs, a)
 			sigs = append(sigs, pk)
+			perms = append(perms, w.Perm)
 		}
 		jobs = append(jobs, mmJob{w, pk, a, outs[i], kernelsFor(pk.kind), kernels2For(pk.kind)})
 	}

@@ -149,6 +149,11 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 		}
 	case quant.Q5_1:
 		pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
+	case quant.GQ4, quant.GQ8:
+		var ok bool
+		if pk, ok = packGQ(m, avx2); !ok {
+			return noPack
+		}
 	default:
 		return noPack
 	}
@@ -174,6 +179,10 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 				src := m.Row(row)
 				switch pk.kind {
 				case packQ8C:
+					if m.Type == quant.GQ8 {
+						packRowGQ8C(dst, src, r, pk.nb)
+						break
+					}
 					packRowQ8C(dst, src, r, pk.nb)
 				case packQ4C:
 					packRowQ4C(dst, src, r, pk.nb)
@@ -415,6 +424,8 @@ func (d *smRow) decode(t quant.Type, src []byte) {
 		for i := 0; i < len(d.q)/256; i++ {
 			d.decodeQ6K(src[i*210:], i)
 		}
+	case quant.GQ4, quant.GQ8:
+		d.decodeGQ(t, src)
 	}
 }
 
