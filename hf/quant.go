@@ -9,15 +9,21 @@ import (
 	"pagoda/safetensors"
 )
 
-// QuantLinear reads the GPTQ/AWQ layer stored in place of the float weight
-// weightName (model.layers.0.self_attn.q_proj.weight): base.qweight,
-// base.qzeros, base.scales and, for GPTQ, base.g_idx, repacked into
-// quant.GQ4/GQ8 rows. The layer's shape comes from qweight (GPTQ: rows ×
-// 32/bits input columns; AWQ: 8 output columns a word); the caller checks
-// it against the model. found is false when the checkpoint has no
-// base.qweight (or c is not quantized). Errors name the safetensors file
-// and tensor.
-func (c *Config) QuantLinear(set *safetensors.Set, weightName string) (r *quant.Repacked, found bool, err error) {
+// QuantLayer is one GPTQ/AWQ layer of a checkpoint: its tensors, its
+// shape (Out×In, from qweight: GPTQ packs 32/bits input columns a word,
+// AWQ 8 output columns) and the safetensors file holding qweight.
+type QuantLayer struct {
+	quant.Linear
+	Out, In int
+	File    string
+}
+
+// FindQuantLayer finds the GPTQ/AWQ layer stored in place of the float
+// weight weightName (model.layers.0.self_attn.q_proj.weight): base.qweight,
+// base.qzeros, base.scales and base.g_idx. found is false when the
+// checkpoint has no base.qweight (or c is not quantized). Errors name the
+// file and tensor.
+func (c *Config) FindQuantLayer(set *safetensors.Set, weightName string) (ql *QuantLayer, found bool, err error) {
 	base, ok := strings.CutSuffix(weightName, ".weight")
 	if c.Quant == nil || !ok {
 		return nil, false, nil
@@ -52,11 +58,35 @@ func (c *Config) QuantLinear(set *safetensors.Set, weightName string) (r *quant.
 	} else {
 		in *= 32 / q.Bits
 	}
-	r, err = q.Repack(l, out, in)
+	return &QuantLayer{Linear: l, Out: out, In: in, File: file}, true, nil
+}
+
+// QuantLinear is FindQuantLayer's layer repacked into quant.GQ4/GQ8 rows.
+func (c *Config) QuantLinear(set *safetensors.Set, weightName string) (r *quant.Repacked, found bool, err error) {
+	ql, found, err := c.FindQuantLayer(set, weightName)
+	if !found || err != nil {
+		return nil, found, err
+	}
+	r, err = c.Quant.Repack(ql.Linear, ql.Out, ql.In)
 	if err != nil {
-		return nil, true, fmt.Errorf("%s: %v", file, err)
+		return nil, true, fmt.Errorf("%s: %v", ql.File, err)
 	}
 	return r, true, nil
+}
+
+// IsQuantPart reports whether hfName is a GPTQ/AWQ layer's qzeros, scales
+// or g_idx beside a qweight in set (readers take those with the qweight).
+func (c *Config) IsQuantPart(set *safetensors.Set, hfName string) bool {
+	if c.Quant == nil {
+		return false
+	}
+	for _, suf := range []string{".qzeros", ".scales", ".g_idx"} {
+		if base, ok := strings.CutSuffix(hfName, suf); ok {
+			_, ok := set.Tensor(base + ".qweight")
+			return ok
+		}
+	}
+	return false
 }
 
 // fileOf is the base name of the safetensors file holding tensor name.

@@ -352,7 +352,11 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if _, ok := set.Tensor("lm_head.weight"); !ok {
+	_, head := set.Tensor("lm_head.weight")
+	if _, ok := set.Tensor("lm_head.qweight"); ok && hc.Quant != nil {
+		head = true // a quantized lm_head (lm_head: true)
+	}
+	if !head {
 		c.TiedOutput = true
 	}
 	return c, &hfSource{set: set, hc: hc, perm: map[string]*rawTensor{}}, set, nil

@@ -59,7 +59,8 @@ func (l Llama) linears() []struct {
 
 // Write writes the model in qcJSON's layout (a quantization_config object,
 // put in config.json) to dir/quant, and its dequantized twin in F32 to
-// dir/float. actOrder gives GPTQ layers a random quantization order.
+// dir/float. actOrder gives GPTQ layers a random quantization order; a
+// config with lm_head true quantizes an untied output matrix too.
 func Write(t testing.TB, dir string, l Llama, qcJSON string, actOrder bool) *Checkpoint {
 	t.Helper()
 	qc, err := quant.ParseQuantConfig([]byte(qcJSON), "")
@@ -107,12 +108,26 @@ func Write(t testing.TB, dir string, l Llama, qcJSON string, actOrder bool) *Che
 			fts = append(fts, f32Tensor(p+m.name+".weight", []int64{int64(m.out), int64(m.in)}, deq))
 		}
 	}
+	if qc.LMHead {
+		// lm_head: true quantizes the output matrix too (untied).
+		w := randF(l.Vocab*l.Hidden, 0.1)
+		lin, deq, err := quant.EncodeLinear(qc, "lm_head", w, l.Vocab, l.Hidden, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, pt := range []*quant.PackedTensor{lin.QWeight, lin.QZeros, lin.Scales, lin.GIdx} {
+			if pt != nil {
+				qts = append(qts, &safetensors.Tensor{Name: pt.Name, DType: pt.DType, Shape: pt.Shape, Data: pt.Data})
+			}
+		}
+		fts = append(fts, f32Tensor("lm_head.weight", []int64{int64(l.Vocab), int64(l.Hidden)}, deq))
+	}
 	cfg := map[string]any{
 		"architectures": []string{"LlamaForCausalLM"}, "model_type": "llama",
 		"vocab_size": l.Vocab, "hidden_size": l.Hidden, "intermediate_size": l.FFN,
 		"num_hidden_layers": l.Layers, "num_attention_heads": l.Heads, "num_key_value_heads": l.KVHeads,
 		"head_dim": l.HeadDim, "max_position_embeddings": 256, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
-		"hidden_act": "silu", "tie_word_embeddings": true, "torch_dtype": "float16",
+		"hidden_act": "silu", "tie_word_embeddings": !qc.LMHead, "torch_dtype": "float16",
 	}
 	c := &Checkpoint{QuantDir: filepath.Join(dir, "quant"), FloatDir: filepath.Join(dir, "float"), Tensors: qts, Config: cfg}
 	writeDir(t, c.FloatDir, cfg, fts)
