@@ -249,6 +249,84 @@ func (t *PackedTensor) u32(i int) uint32 { return binary.LittleEndian.Uint32(t.D
 // shape (out×in, as the model declares it) and repacks them. Errors name
 // the offending tensor.
 func (c *QuantConfig) Repack(l Linear, out, in int) (*Repacked, error) {
+	pl, err := c.plan(l, out, in)
+	if err != nil {
+		return nil, err
+	}
+	q, zero, perm, bg := pl.q, pl.zero, pl.perm, pl.bg
+	blocks := in / 32
+	r := &Repacked{Type: c.Type(), Rows: out, Cols: in, Perm: pl.perm}
+	if perm == nil {
+		perm = make([]int32, in)
+		for k := range perm {
+			perm[k] = int32(k)
+		}
+	}
+	ts := r.Type.TypeSize()
+	rb := blocks * ts
+	r.Data = make([]byte, out*rb)
+	for n := 0; n < out; n++ {
+		row := r.Data[n*rb : (n+1)*rb]
+		for b := 0; b < blocks; b++ {
+			g := bg[b]
+			blk := row[b*ts : (b+1)*ts]
+			copy(blk, l.Scales.Data[2*(g*out+n):2*(g*out+n)+2])
+			z := zero(g, n)
+			cols := perm[32*b : 32*b+32]
+			if r.Type == GQ4 {
+				blk[2] = uint8(z)
+				for j := 0; j < 16; j++ {
+					blk[4+j] = q(int(cols[j]), n) | q(int(cols[j+16]), n)<<4
+				}
+			} else {
+				binary.LittleEndian.PutUint16(blk[2:], uint16(z))
+				for j := 0; j < 32; j++ {
+					blk[4+j] = q(int(cols[j]), n)
+				}
+			}
+		}
+	}
+	return r, nil
+}
+
+// LayerInfo is what a layer repacks to without repacking it: its column
+// permutation (nil unless act-order reorders columns) and, when every
+// group of every output shares one zero point, that zero (else -1).
+type LayerInfo struct {
+	Perm []int32
+	Zero int
+}
+
+// Describe checks a layer as Repack does and reads only its zeros and
+// g_idx.
+func (c *QuantConfig) Describe(l Linear, out, in int) (LayerInfo, error) {
+	pl, err := c.plan(l, out, in)
+	if err != nil {
+		return LayerInfo{}, err
+	}
+	info := LayerInfo{Perm: pl.perm, Zero: pl.zero(0, 0)}
+	for g := 0; g < pl.ng && info.Zero >= 0; g++ {
+		for n := 0; n < out; n++ {
+			if pl.zero(g, n) != info.Zero {
+				info.Zero = -1
+				break
+			}
+		}
+	}
+	return info, nil
+}
+
+// layerPlan is a checked layer: code and zero accessors, the column
+// permutation (nil for the identity) and each 32-column block's group.
+type layerPlan struct {
+	q    func(k, n int) uint8
+	zero func(g, n int) int
+	perm []int32
+	bg   []int
+	ng   int
+}
+
+func (c *QuantConfig) plan(l Linear, out, in int) (*layerPlan, error) {
 	if l.QWeight == nil || l.QZeros == nil || l.Scales == nil {
 		var miss []string
 		for _, p := range []struct {
@@ -353,35 +431,11 @@ func (c *QuantConfig) Repack(l Linear, out, in int) (*Repacked, error) {
 		}
 		bg[b] = int(g0)
 	}
-	r := &Repacked{Type: c.Type(), Rows: out, Cols: in}
+	pl := &layerPlan{q: q, zero: zero, bg: bg, ng: ng}
 	if !identity {
-		r.Perm = perm
+		pl.perm = perm
 	}
-	ts := r.Type.TypeSize()
-	rb := blocks * ts
-	r.Data = make([]byte, out*rb)
-	for n := 0; n < out; n++ {
-		row := r.Data[n*rb : (n+1)*rb]
-		for b := 0; b < blocks; b++ {
-			g := bg[b]
-			blk := row[b*ts : (b+1)*ts]
-			copy(blk, l.Scales.Data[2*(g*out+n):2*(g*out+n)+2])
-			z := zero(g, n)
-			cols := perm[32*b : 32*b+32]
-			if r.Type == GQ4 {
-				blk[2] = uint8(z)
-				for j := 0; j < 16; j++ {
-					blk[4+j] = q(int(cols[j]), n) | q(int(cols[j+16]), n)<<4
-				}
-			} else {
-				binary.LittleEndian.PutUint16(blk[2:], uint16(z))
-				for j := 0; j < 32; j++ {
-					blk[4+j] = q(int(cols[j]), n)
-				}
-			}
-		}
-	}
-	return r, nil
+	return pl, nil
 }
 
 // awqNibble[j] is the nibble of a packed AWQ word that holds output column
