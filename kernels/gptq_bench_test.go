@@ -13,7 +13,9 @@ import (
 // kernels with f32 S/M), GQ4 with an act-order permutation (plus the input
 // gather), GQ8 with every zero 128 (Q8_0's kernels) and with other zeros
 // (SM16 on AVX-512; dequantized rows on AVX2). Weight GB/s are of the
-// stored bytes (GQ4 0.625 B/weight, Q4_0 0.5625, Q4_1 0.625).
+// stored bytes (GQ4 0.625 B/weight, Q4_0 0.5625, Q4_1 0.625). Compare
+// variants in interleaved runs (../bench/notes/gptq_bench.sh in the
+// workspace): the machine is shared.
 //
 //	go test -run - -bench MatMulGQ ./kernels
 func BenchmarkMatMulGQ(b *testing.B) {
@@ -57,12 +59,18 @@ func BenchmarkMatMulGQ(b *testing.B) {
 			out := make([]float32, batch*rows)
 			b.Run(fmt.Sprintf("%s/%dx%d/b%d", v.name, rows, cols, batch), func(b *testing.B) {
 				MatMul(pool, v.m, x, out, batch)
+				cpu0 := processCPU()
 				for b.Loop() {
 					MatMul(pool, v.m, x, out, batch)
 				}
 				sec := b.Elapsed().Seconds() / float64(b.N)
 				b.ReportMetric(float64(rows*v.m.RowBytes)/sec/1e9, "GB/s")
 				b.ReportMetric(2*float64(rows)*float64(cols)*float64(batch)/sec/1e9, "GOP/s")
+				// CPU time per pool thread: less of the other processes'
+				// share of a busy machine than the wall clock.
+				if cpu := (processCPU() - cpu0).Seconds() / float64(b.N) / float64(pool.Threads()); cpu > 0 {
+					b.ReportMetric(cpu*1e6, "µs-cpu/op")
+				}
 			})
 		}
 	}
