@@ -361,6 +361,11 @@ func (c *QuantConfig) plan(l Linear, out, in int) (*layerPlan, error) {
 	if err := l.QZeros.check("I32", ng, out/per); err != nil {
 		return nil, err
 	}
+	for i := 0; i < ng*out; i++ {
+		if binary.LittleEndian.Uint16(l.Scales.Data[2*i:])&0x7c00 == 0x7c00 {
+			return nil, fmt.Errorf("tensor %q holds non-finite scales (at [%d, %d])", l.Scales.Name, i/out, i%out)
+		}
+	}
 	// q(k, n) and zero(g, n): the code of input column k for output n.
 	var q func(k, n int) uint8
 	var zero func(g, n int) int

@@ -250,6 +250,7 @@ func TestRepackErrors(t *testing.T) {
 		{"qzeros shape", mod(func(l *Linear) { l.QZeros.Shape = []int64{1, 2} }), 16, 64, `tensor "m.q_proj.qzeros": shape [1 2], want [2 2]`},
 		{"scales dtype", mod(func(l *Linear) { l.Scales.DType = "BF16" }), 16, 64, `tensor "m.q_proj.scales": dtype BF16, want F16`},
 		{"short scales", mod(func(l *Linear) { l.Scales.Data = l.Scales.Data[:10] }), 16, 64, `tensor "m.q_proj.scales": 10 bytes`},
+		{"inf scale", mod(func(l *Linear) { binary.LittleEndian.PutUint16(l.Scales.Data[2*17:], 0x7c00) }), 16, 64, `tensor "m.q_proj.scales" holds non-finite scales (at [1, 1])`},
 		{"g_idx range", mod(func(l *Linear) { binary.LittleEndian.PutUint32(l.GIdx.Data[8:], 7) }), 16, 64, `tensor "m.q_proj.g_idx": g_idx[2] = 7 outside the 2 groups`},
 		{"g_idx blocks", mod(func(l *Linear) {
 			for k := 0; k < 64; k++ {
@@ -289,5 +290,66 @@ func FuzzParseQuantConfig(f *testing.F) {
 			t.Fatalf("type %s", typ)
 		}
 		_ = fmt.Sprint(c)
+	})
+}
+
+// FuzzRepack feeds arbitrary bytes as a layer's tensors (shapes right or
+// off by the fuzzer's choice): no panics, and what repacks dequantizes to
+// finite values (non-finite scales are errors).
+func FuzzRepack(f *testing.F) {
+	f.Add(uint8(0), uint8(1), uint8(2), uint8(0), []byte("0123456789abcdef0123456789abcdef0123456789abcdef"))
+	f.Add(uint8(4), uint8(3), uint8(1), uint8(1), make([]byte, 300))
+	f.Fuzz(func(t *testing.T, ci, ob, ib, skew uint8, data []byte) {
+		lc := layoutConfigs[int(ci)%len(layoutConfigs)]
+		c, err := ParseQuantConfig([]byte(lc.js), "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, in := 8*(int(ob)%8+1), 32*(int(ib)%8+1)
+		gs := c.GroupSize
+		if gs == -1 || gs > in {
+			gs = in
+		}
+		ng := max(1, in/gs)
+		per := 32 / c.Bits
+		take := func(n int) []byte {
+			b := make([]byte, n)
+			for i := range b {
+				if len(data) > 0 {
+					b[i] = data[i%len(data)] ^ byte(i)
+				}
+			}
+			return b
+		}
+		d := int64(skew % 3) // 0: right shapes; 1, 2: one off
+		l := Linear{
+			QZeros: &PackedTensor{Name: "qzeros", DType: "I32", Shape: []int64{int64(ng), int64(out/per) + d/2}, Data: take(4 * ng * out / per)},
+			Scales: &PackedTensor{Name: "scales", DType: "F16", Shape: []int64{int64(ng), int64(out)}, Data: take(2 * ng * out)},
+			GIdx:   &PackedTensor{Name: "g_idx", DType: "I32", Shape: []int64{int64(in)}, Data: take(4 * in)},
+		}
+		if c.Method == "awq" {
+			l.QWeight = &PackedTensor{Name: "qweight", DType: "I32", Shape: []int64{int64(in) + d%2, int64(out / 8)}, Data: take(4 * in * out / 8)}
+		} else {
+			l.QWeight = &PackedTensor{Name: "qweight", DType: "I32", Shape: []int64{int64(in/per) + d%2, int64(out)}, Data: take(4 * in / per * out)}
+		}
+		r, err := c.Repack(l, out, in)
+		if err != nil {
+			return
+		}
+		if d != 0 {
+			t.Fatalf("accepted shapes off by %d", d)
+		}
+		row := make([]float32, in)
+		rb, _ := RowSize(r.Type, in)
+		for n := 0; n < out; n++ {
+			if err := Dequantize(r.Type, r.Data[n*rb:(n+1)*rb], row); err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range row {
+				if math.IsNaN(float64(v)) || math.IsInf(float64(v), 0) {
+					t.Fatalf("row %d: non-finite %g", n, v)
+				}
+			}
+		}
 	})
 }
