@@ -133,6 +133,7 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 	var sigs []*packed
 	var perms [][]int32
 	var gathered []*[]float32
+	var gatheredBy [][]int32
 	defer func() {
 		for _, a := range bufs {
 			actPool.Put(a)
@@ -145,9 +146,20 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 	for i, w := range ws {
 		x := x0
 		if w.Perm != nil {
-			xp := gatherCols(w, x0, batch)
-			gathered = append(gathered, xp)
-			x = *xp
+			// Matrices of one input share one act-order permutation
+			// (the loader dedupes them): gather once per permutation.
+			x = nil
+			for j, g := range gathered {
+				if samePerm(gatheredBy[j], w.Perm) {
+					x = *g
+				}
+			}
+			if x == nil {
+				xp := gatherCols(w, x0, batch)
+				gathered = append(gathered, xp)
+				gatheredBy = append(gatheredBy, w.Perm)
+				x = *xp
+			}
 		}
 		pk := w.packedFor(o.avx2)
 		if pk.kind == packNone {
