@@ -103,7 +103,7 @@ type rawQuantConfig struct {
 	Version          *string `json:"version"`
 	ZeroPoint        *bool   `json:"zero_point"`
 	LMHead           *bool   `json:"lm_head"`
-	StaticGroups     *bool   `json:"static_groups"`
+	IsMarlinFormat   *bool   `json:"is_marlin_format"`
 }
 
 // ParseQuantConfig parses a quantization_config object. method is the
@@ -153,6 +153,9 @@ func ParseQuantConfig(b []byte, method string) (*QuantConfig, error) {
 		c.Format = "gptq"
 		if r.CheckpointFormat != nil {
 			c.Format = strings.ToLower(*r.CheckpointFormat)
+		}
+		if r.IsMarlinFormat != nil && *r.IsMarlinFormat {
+			return nil, fmt.Errorf("quant_method \"gptq\": is_marlin_format (Marlin's repacked layout) not supported")
 		}
 		switch c.Format {
 		case "gptq":

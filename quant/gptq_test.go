@@ -93,6 +93,45 @@ func TestRepackGoldenGPTQ(t *testing.T) {
 	}
 }
 
+// TestRepackV1ZeroWrap: AutoGPTQ v1 stores z − 1, so a zero point of 0
+// was written as −1 and reads back as the nibble 15 + 1 = 16; the loader
+// keeps that reading (as AutoGPTQ's own kernels do), for 8 bits too.
+func TestRepackV1ZeroWrap(t *testing.T) {
+	for _, bits := range []int{4, 8} {
+		per := 32 / bits
+		const out, in = 8, 32
+		qw := make([]uint32, in/per*out)
+		for i := range qw {
+			qw[i] = 0x01010101 * uint32(i%7+1) // codes 1..7 (per byte/nibble)
+		}
+		qz := make([]uint32, out/per)
+		for i := range qz {
+			qz[i] = 0xffffffff
+		}
+		l := Linear{
+			QWeight: i32T("l.qweight", []int64{int64(in / per), out}, qw...),
+			QZeros:  i32T("l.qzeros", []int64{1, int64(out / per)}, qz...),
+			Scales:  f16T("l.scales", []int64{1, out}, 0.25),
+		}
+		c := mustQC(t, fmt.Sprintf(`{"quant_method":"gptq","bits":%d,"group_size":-1,"sym":false}`, bits))
+		r, err := c.Repack(l, out, in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := dequantRepacked(t, r)
+		z := 1 << bits // stored all ones, plus one
+		for n := 0; n < out; n++ {
+			for k := 0; k < in; k++ {
+				word := qw[k/per*out+n]
+				q := int(word >> (bits * (k % per)) & (1<<bits - 1))
+				if want := float32(q-z) * 0.25; got[n*in+k] != want {
+					t.Fatalf("%d bits w[%d,%d] = %g, want %g", bits, n, k, got[n*in+k], want)
+				}
+			}
+		}
+	}
+}
+
 // TestRepackGoldenAWQ: AutoAWQ packs output columns 8c+[0 2 4 6 1 3 5 7] at
 // nibbles 0..7, so the word 0x76543210 holds columns 0..7 = 0 4 1 5 2 6 3 7;
 // zeros are stored as they are.
@@ -198,6 +237,7 @@ func TestQuantConfigErrors(t *testing.T) {
 		{`{"quant_method":"gptq","group_size":128}`, "", "bits missing"},
 		{`{"quant_method":"gptq","bits":4,"group_size":128,"checkpoint_format":"marlin"}`, "", `checkpoint_format "marlin" not supported`},
 		{`{"quant_method":"awq","bits":8,"group_size":128}`, "", "8 bits not supported"},
+		{`{"bits":4,"group_size":128,"is_marlin_format":true}`, "gptq", "is_marlin_format"},
 		{`{"quant_method":"awq","bits":4,"group_size":128,"version":"gemv"}`, "", `version "gemv" not supported`},
 		{`{"quant_method":"awq","bits":4,"group_size":-1}`, "", "group_size -1 not supported"},
 		{`{"quant_method":"awq","bits":4,"group_size":128,"zero_point":false}`, "", "zero_point false"},
