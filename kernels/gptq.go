@@ -10,31 +10,60 @@ import (
 // GPTQ/AWQ weights (quant.GQ4, quant.GQ8: w = d·(q − z) per 32-column
 // block) run through the existing integer kernels, packed once:
 //
-//	GQ4:            packQ4SM, S = d, M = −z·d (Q4_1's kernels).
-//	GQ8, every z 128: packQ8C, the codes as they are (q − 128 is Q8_0's
-//	                signed value, d its scale): Q8_0's kernels.
-//	GQ8, other z:   packSM16, S = d, M = −z·d on AVX-512 (VPDPBUSD takes
-//	                u8 codes up to 255); no packed form on AVX2, whose
-//	                VPMADDUBSW would saturate on 255·127 pairs, so the
-//	                rows are dequantized (matMulRows).
+//	GQ4: packQ4SM, S = d, M = −z·d (Q4_1's kernels).
+//	GQ8: packQ8C, the codes as they are (q − 128 is Q8_0's signed value,
+//	     d its scale: Q8_0's kernels), plus, unless every zero is 128, a
+//	     correction d·(128 − z)·dx·Σq per block added after the product
+//	     (addZeroFix). The SM16 kernels would read 8-bit codes too, but
+//	     AVX2's VPMADDUBSW saturates on pairs of 255·127.
 //
-// S·u + M equals d·(u − z) exactly in float32 (d has 11 significant bits,
+// S·u + M and d·(128 − z) are exact in float32 (d has 11 significant bits,
 // u and z at most 9), so packing loses nothing; activations are quantized
-// to Q8_0 as for Q4_1 and Q8_0 weights. The activation gather for
-// act-order (Perm) is done per product, before quantization.
+// to Q8_0 as for Q4_1 and Q8_0 weights. For act-order (Matrix.Perm) the
+// input is gathered per product, before quantization.
 
 // packGQ chooses the packed kind of a GQ4/GQ8 matrix.
-func packGQ(m *Matrix, avx2 bool) (packed, bool) {
+func packGQ(m *Matrix) packed {
 	if m.Type == quant.GQ4 {
-		return packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}, true
+		return packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}
 	}
-	if gqZerosAll(m, 128) {
-		return packed{kind: packQ8C, act: actQ8_0, block: 32, k: 128}, true
+	return packed{kind: packQ8C, act: actQ8_0, block: 32, k: 128}
+}
+
+// gqZeroFix is d·(128 − z) for each row and block of the GQ8 matrix m.
+func gqZeroFix(m *Matrix) []float32 {
+	nb := m.Cols / 32
+	fix := make([]float32, m.Rows*nb)
+	for r := 0; r < m.Rows; r++ {
+		row := m.Row(r)
+		for b := 0; b < nb; b++ {
+			d := f16ToF32(binary.LittleEndian.Uint16(row[36*b:]))
+			z := int32(binary.LittleEndian.Uint16(row[36*b+2:]))
+			fix[r*nb+b] = d * float32(128-z)
+		}
 	}
-	if avx2 {
-		return packed{}, false
-	}
-	return packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}, true
+	return fix
+}
+
+// addZeroFix adds Σ_b zfix[r,b]·dx·Σq to out for a packed GQ8 product:
+// the activation statistics hold c = 128·dx·Σq per block (act.go).
+func addZeroFix(p *Pool, pk *packed, a *actBuf, out []float32, rows, batch int) {
+	nb := pk.nb
+	p.For(rows, 64, func(lo, hi int) {
+		for b := 0; b < batch; b++ {
+			t, n := b/actTile, b%actTile
+			nt := min(actTile, batch-t*actTile)
+			st := a.st[t*actTile*nb*2:]
+			for r := lo; r < hi; r++ {
+				fix := pk.zfix[r*nb : (r+1)*nb]
+				var sum float32
+				for blk, f := range fix {
+					sum += f * st[(blk*nt+n)*2+1]
+				}
+				out[b*rows+r] += sum * (1.0 / 128)
+			}
+		}
+	})
 }
 
 // gqZerosAll reports whether every block of the GQ8 matrix m has zero z.

@@ -12,7 +12,7 @@ import (
 // sit beside, on TinyLlama's FFN up matrix (5632×2048): GQ4 (Q4_1's packed
 // kernels with f32 S/M), GQ4 with an act-order permutation (plus the input
 // gather), GQ8 with every zero 128 (Q8_0's kernels) and with other zeros
-// (SM16 on AVX-512; dequantized rows on AVX2). Weight GB/s are of the
+// (Q8_0's kernels plus the per-block zero correction). Weight GB/s are of the
 // stored bytes (GQ4 0.625 B/weight, Q4_0 0.5625, Q4_1 0.625). Compare
 // variants in interleaved runs (../bench/notes/gptq_bench.sh in the
 // workspace): the machine is shared.

@@ -119,6 +119,9 @@ func (o *Ops) matMulPacked(p *Pool, w *Matrix, x, out []float32, batch int) {
 	quantizeActs(p, pk, x, batch, w.Cols, a, o.asmQuant)
 	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind), kernels2For(pk.kind)}}
 	o.runJobs(p, jobs[:], batch)
+	if pk.zfix != nil {
+		addZeroFix(p, pk, a, out, w.Rows, batch)
+	}
 }
 
 // matMulNPacked quantizes x once per activation format and runs all the
@@ -185,6 +188,11 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 	}
 	if len(jobs) > 0 {
 		o.runJobs(p, jobs, batch)
+	}
+	for _, j := range jobs {
+		if j.pk.zfix != nil {
+			addZeroFix(p, j.pk, j.a, j.out, j.w.Rows, batch)
+		}
 	}
 }
 

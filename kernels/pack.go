@@ -71,6 +71,10 @@ type packed struct {
 	nb         int // blocks per row
 	groupBytes int
 	data       []byte
+	// zfix, for GQ8 matrices with zero points other than 128 packed as
+	// packQ8C, is s·(128 − z) per row and block: the product adds
+	// Σ_b zfix·dx·Σq to each output (gptq.go).
+	zfix []float32
 }
 
 // tileBytes is the size of one (16-row group, block) tile.
@@ -150,10 +154,7 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 	case quant.Q5_1:
 		pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
 	case quant.GQ4, quant.GQ8:
-		var ok bool
-		if pk, ok = packGQ(m, avx2); !ok {
-			return noPack
-		}
+		pk = packGQ(m)
 	default:
 		return noPack
 	}
@@ -208,6 +209,9 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 		}
 	})
 	settleWeights(pk.data)
+	if m.Type == quant.GQ8 && !gqZerosAll(m, 128) {
+		pk.zfix = gqZeroFix(m)
+	}
 	return &pk
 }
 
