@@ -2,6 +2,7 @@ package kernels
 
 import (
 	"encoding/binary"
+	"math"
 	"sync"
 
 	"pagoda/quant"
@@ -30,40 +31,32 @@ func packGQ(m *Matrix) packed {
 	return packed{kind: packQ8C, act: actQ8_0, block: 32, k: 128}
 }
 
-// gqZeroFix is d·(128 − z) for each row and block of the GQ8 matrix m.
-func gqZeroFix(m *Matrix) []float32 {
+// gqZeroFix is d·(128 − z) for each row and block of the GQ8 matrix m,
+// as an F32 matrix (rows × blocks) for the float kernels.
+func gqZeroFix(m *Matrix) *Matrix {
 	nb := m.Cols / 32
-	fix := make([]float32, m.Rows*nb)
+	data := make([]byte, 4*m.Rows*nb)
 	for r := 0; r < m.Rows; r++ {
 		row := m.Row(r)
 		for b := 0; b < nb; b++ {
 			d := f16ToF32(binary.LittleEndian.Uint16(row[36*b:]))
 			z := int32(binary.LittleEndian.Uint16(row[36*b+2:]))
-			fix[r*nb+b] = d * float32(128-z)
+			binary.LittleEndian.PutUint32(data[4*(r*nb+b):], math.Float32bits(d*float32(128-z)))
 		}
+	}
+	fix, err := NewMatrix(quant.F32, m.Rows, nb, data)
+	if err != nil {
+		panic(err)
 	}
 	return fix
 }
 
-// addZeroFix adds Σ_b zfix[r,b]·dx·Σq to out for a packed GQ8 product:
-// the activation statistics hold c = 128·dx·Σq per block (act.go).
-func addZeroFix(p *Pool, pk *packed, a *actBuf, out []float32, rows, batch int) {
-	nb := pk.nb
-	p.For(rows, 64, func(lo, hi int) {
-		for b := 0; b < batch; b++ {
-			t, n := b/actTile, b%actTile
-			nt := min(actTile, batch-t*actTile)
-			st := a.st[t*actTile*nb*2:]
-			for r := lo; r < hi; r++ {
-				fix := pk.zfix[r*nb : (r+1)*nb]
-				var sum float32
-				for blk, f := range fix {
-					sum += f * st[(blk*nt+n)*2+1]
-				}
-				out[b*rows+r] += sum * (1.0 / 128)
-			}
-		}
-	})
+func growF32(b *[]float32, n int) []float32 {
+	if cap(*b) < n {
+		*b = make([]float32, n)
+	}
+	*b = (*b)[:n]
+	return *b
 }
 
 // gqZerosAll reports whether every block of the GQ8 matrix m has zero z.

@@ -120,7 +120,7 @@ func (o *Ops) matMulPacked(p *Pool, w *Matrix, x, out []float32, batch int) {
 	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind), kernels2For(pk.kind)}}
 	o.runJobs(p, jobs[:], batch)
 	if pk.zfix != nil {
-		addZeroFix(p, pk, a, out, w.Rows, batch)
+		o.addZeroFix(p, pk, a, out, w.Rows, batch)
 	}
 }
 
@@ -191,7 +191,7 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 	}
 	for _, j := range jobs {
 		if j.pk.zfix != nil {
-			addZeroFix(p, j.pk, j.a, j.out, j.w.Rows, batch)
+			o.addZeroFix(p, j.pk, j.a, j.out, j.w.Rows, batch)
 		}
 	}
 }

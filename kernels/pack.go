@@ -74,7 +74,7 @@ type packed struct {
 	// zfix, for GQ8 matrices with zero points other than 128 packed as
 	// packQ8C, is s·(128 − z) per row and block: the product adds
 	// Σ_b zfix·dx·Σq to each output (gptq.go).
-	zfix []float32
+	zfix *Matrix
 }
 
 // tileBytes is the size of one (16-row group, block) tile.
