@@ -257,7 +257,10 @@ func configFromLlama2C(lc llama2c.Config) *Config {
 type hfSource struct {
 	set  *safetensors.Set
 	hc   *hf.Config
-	perm map[string]*rawTensor // q/k weights with the rotate-half permutation undone
+	perm map[string]*rawTensor // q/k weights with the rotate-half permutation undone; GPTQ/AWQ layers repacked
+	// colPerms are the act-order column orders met so far, shared by the
+	// layers that agree (q/k/v, gate/up) so one gather serves them.
+	colPerms [][]int32
 }
 
 func (s *hfSource) tensor(name string) (*rawTensor, bool) {
@@ -270,7 +273,7 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	}
 	t, ok := s.set.Tensor(hn)
 	if !ok {
-		return nil, false
+		return s.quantTensor(name, hn)
 	}
 	typ, ok := hf.TensorType(t.DType)
 	if !ok {
@@ -302,6 +305,13 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 
 func (s *hfSource) fileName(name string) string {
 	hn, _ := s.hc.HFName(name)
+	if _, ok := s.set.Tensor(hn); !ok && s.hc.Quant != nil {
+		if q := strings.TrimSuffix(hn, ".weight") + ".qweight"; q != hn {
+			if _, ok := s.set.Tensor(q); ok {
+				return q
+			}
+		}
+	}
 	return hn
 }
 
@@ -342,7 +352,11 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if _, ok := set.Tensor("lm_head.weight"); !ok {
+	_, head := set.Tensor("lm_head.weight")
+	if _, ok := set.Tensor("lm_head.qweight"); ok && hc.Quant != nil {
+		head = true // a quantized lm_head (lm_head: true)
+	}
+	if !head {
 		c.TiedOutput = true
 	}
 	return c, &hfSource{set: set, hc: hc, perm: map[string]*rawTensor{}}, set, nil

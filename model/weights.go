@@ -18,6 +18,11 @@ type rawTensor struct {
 	// DType names a stored type that has no ggml id (safetensors I8,
 	// F8_E4M3…), for messages.
 	DType string
+	// Perm is a GPTQ act-order column order (kernels.Matrix.Perm).
+	Perm []int32
+	// Err is why a tensor that is present could not be read (a GPTQ/AWQ
+	// layer that does not repack); the binder reports it.
+	Err error
 }
 
 func (t *rawTensor) typeName() string {
@@ -172,6 +177,9 @@ func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error
 	if !ok {
 		return nil, fmt.Errorf("tensor %s missing", label(src, name))
 	}
+	if t.Err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", label(src, name), t.Err)
+	}
 	if !t.Type.Supported() {
 		return nil, fmt.Errorf("tensor %s: type %s not supported", label(src, name), t.typeName())
 	}
@@ -186,6 +194,7 @@ func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error
 		return nil, fmt.Errorf("tensor %s: %d bytes, want %d", label(src, name), len(t.Data), m.RowBytes*rows)
 	}
 	m.Data = t.Data[:m.RowBytes*rows]
+	m.Perm = t.Perm
 	return m, nil
 }
 
