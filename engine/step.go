@@ -146,6 +146,10 @@ func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now 
 		top = topLogprobs(e.scratch, r.r.TopLogprobs)
 	}
 	tok := c.sampler.Sample(lg, history)
+	if err := c.sampler.Err(); err != nil { // the constraint allows no token
+		e.finishCompletion(r, Event{Index: index, Finish: FinishError, Err: fmt.Errorf("engine: request %q: %w", r.r.ID, err)})
+		return tok, true
+	}
 	if want {
 		lp = sample.Logprob(e.scratch, tok)
 	}
