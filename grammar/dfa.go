@@ -105,13 +105,19 @@ func literalsDFA(lits []string) (*dfa, error) {
 	return b.build()
 }
 
-// wsDFA accepts 0..n bytes of JSON white space.
-func wsDFA(n int) (*dfa, error) {
+// wsDFA accepts JSON white space the way llama.cpp's JSON grammars bound
+// it: nothing, one space, or one newline followed by up to indent spaces or
+// tabs (pretty printing), so a model cannot loop on blank lines.
+func wsDFA(indent int) (*dfa, error) {
 	b := &dfaBuilder{}
+	start := b.state(true)
+	space := b.state(true)
+	b.on(start, ' ', ' ', space)
 	prev := b.state(true)
-	for i := 0; i < n; i++ {
+	b.on(start, '\n', '\n', prev)
+	for i := 0; i < indent; i++ {
 		s := b.state(true)
-		b.onSet(prev, " \t\n\r", s)
+		b.onSet(prev, " \t", s)
 		prev = s
 	}
 	return b.build()

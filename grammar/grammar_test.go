@@ -144,6 +144,7 @@ func TestAcceptsAndRejects(t *testing.T) {
 	}{
 		{testSchemas["person"], `{"name":"Bo","age":3}`, true},
 		{testSchemas["person"], ` { "name" : "\u00e9\n" , "age" : 0, "tags":["b\"c","ü"], "ok":true, "none":null, "score":-1.5e+3 }`, true},
+		{testSchemas["person"], "{\n  \"name\": \"x\",\n\t\"age\": 1\n}", true},
 		{testSchemas["person"], `{"age":3,"name":"Bo"}`, false},           // order is the schema's
 		{testSchemas["person"], `{"name":"Bo"}`, false},                   // missing required
 		{testSchemas["person"], `{"name":"Bo","age":-3}`, false},          // minimum 0
@@ -154,7 +155,10 @@ func TestAcceptsAndRejects(t *testing.T) {
 		{testSchemas["person"], `{"name":"Bo","age":03}`, false},          // leading zero
 		{testSchemas["person"], "{\"name\":\"a\tb\",\"age\":3}", false},   // raw control character
 		{testSchemas["person"], "{\"name\":\"\xff\",\"age\":3}", false},   // invalid UTF-8
-		{testSchemas["person"], `{` + strings.Repeat(" ", maxWS+1) + `"name":"","age":1}`, false},
+		{testSchemas["person"], "{\n" + strings.Repeat(" ", maxIndent) + `"name":"","age":1}`, true},
+		{testSchemas["person"], "{\n" + strings.Repeat(" ", maxIndent+1) + `"name":"","age":1}`, false},
+		{testSchemas["person"], "{  \"name\":\"\",\"age\":1}", false},
+		{testSchemas["person"], "{\n\n\"name\":\"\",\"age\":1}", false},
 		{testSchemas["nested"], `{"a":{"b":{"c":[1,{"x":"y"}]}},"d":null}`, true},
 		{testSchemas["nested"], `{"a":{"b":{"c":[1,{"x":"y"}]}},"d":"x"}`, false},
 		{testSchemas["tree"], `{"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]}`, true},

@@ -14,7 +14,7 @@ import (
 
 // Limits of what a schema may ask for.
 const (
-	maxWS         = 16   // white space bytes between two tokens of a document
+	maxIndent     = 20   // white space between two tokens: "", " " or "\n" and this many spaces/tabs
 	maxStringLen  = 2000 // largest maxLength/minLength honoured exactly
 	maxArrayItems = 1000 // largest minItems/maxItems
 	maxSchemaSize = 1 << 20
@@ -202,7 +202,7 @@ type compiler struct {
 func newCompiler(doc any) *compiler {
 	c := &compiler{b: newBuilder(), doc: doc, refs: map[string]int32{}, anyVal: -1}
 	var err error
-	c.ws, err = c.b.lex("ws", func() (*dfa, error) { return wsDFA(maxWS) })
+	c.ws, err = c.b.lex("ws", func() (*dfa, error) { return wsDFA(maxIndent) })
 	if err != nil {
 		panic(err)
 	}

@@ -25,10 +25,6 @@ type chatRequest struct {
 	ChatTemplateKwargs   map[string]any    `json:"chat_template_kwargs"`
 }
 
-type responseFormat struct {
-	Type string `json:"type"`
-}
-
 type chatMessageIn struct {
 	Role       string          `json:"role"`
 	Content    json.RawMessage `json:"content"`
@@ -153,8 +149,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		base.TopLogprobs = *req.TopLogprobs
 	}
 	base.Logprobs = req.Logprobs
-	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
-		writeAPIError(w, badRequest("response_format", "response_format type %q is not supported (text only)", req.ResponseFormat.Type))
+	if base.Sampling.Constraint, ae = s.constraint(req.ResponseFormat); ae != nil {
+		writeAPIError(w, ae)
 		return
 	}
 	if req.ContinueFinalMessage {
