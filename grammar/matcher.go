@@ -3,6 +3,7 @@ package grammar
 import (
 	"fmt"
 	"math"
+	"math/bits"
 	"slices"
 	"sync"
 )
@@ -15,16 +16,33 @@ type Constraint struct {
 	g *Grammar
 	v *Vocab
 
-	mu    sync.Mutex
-	cache map[string][]uint64
+	mu      sync.Mutex
+	cache   map[string][]uint64
+	lex     map[lexKey]*lexMask
+	noState bool // benchmarks: no mask cache by parser state
+	noLex   bool // benchmarks: no mask cache by lexeme state
 }
+
+// lexKey is a state inside one lexeme's automaton.
+type lexKey struct{ dfa, st int32 }
+
+// lexMask is what a lexeme state allows whatever the stack below it: the
+// tokens whose bytes all stay inside the lexeme, and the trie nodes where
+// the lexeme may end (entered from automaton state st), which need the
+// stack.
+type lexMask struct {
+	bits  []uint64
+	exits []lexExit
+}
+
+type lexExit struct{ node, st int32 }
 
 // maxCached bounds the masks a Constraint keeps.
 const maxCached = 256
 
 // New binds g to v.
 func New(g *Grammar, v *Vocab) *Constraint {
-	return &Constraint{g: g, v: v, cache: map[string][]uint64{}}
+	return &Constraint{g: g, v: v, cache: map[string][]uint64{}, lex: map[lexKey]*lexMask{}}
 }
 
 // top is one stack of the parser: a lexeme at grammar position pos, in
@@ -225,14 +243,27 @@ func (m *Matcher) Allowed() []uint64 {
 	c.mu.Lock()
 	bits, ok := c.cache[string(key)]
 	c.mu.Unlock()
+	ok = ok && !c.noState
 	if ok {
 		return bits
 	}
 	bits = make([]uint64, words)
 	m.bits = bits
 	base := len(m.frames)
-	m.buf = append(m.buf[:0], m.tops...)
-	m.walk(0, 0, len(m.tops))
+	if len(m.tops) == 1 && m.tops[0].pos >= 0 {
+		// One stack: the lexeme's own mask (shared by every stack that
+		// has this lexeme state on top), then its exits with this stack.
+		t := m.tops[0]
+		lm := m.lexMask(t)
+		copy(bits, lm.bits)
+		for _, e := range lm.exits {
+			m.buf = append(m.buf[:0], top{t.pos, e.st, t.rest})
+			m.child(e.node, 0, 1)
+		}
+	} else {
+		m.buf = append(m.buf[:0], m.tops...)
+		m.walk(0, 0, len(m.tops))
+	}
 	m.buf, m.frames = m.buf[:0], m.frames[:base]
 	if m.Complete() {
 		m.eogBits(bits)
@@ -255,39 +286,126 @@ func (m *Matcher) eogBits(bits []uint64) []uint64 {
 	return bits
 }
 
+// lexMask returns the mask of t's lexeme state, computing it once.
+func (m *Matcher) lexMask(t top) *lexMask {
+	c := m.c
+	k := lexKey{c.g.elems[t.pos].arg, t.st}
+	c.mu.Lock()
+	lm, ok := c.lex[k]
+	c.mu.Unlock()
+	if ok && !c.noLex {
+		return lm
+	}
+	lm = &lexMask{bits: make([]uint64, len(m.bits))}
+	m.walkLex(0, c.g.dfas[k.dfa], t.st, lm)
+	c.mu.Lock()
+	if len(c.lex) >= maxCached {
+		clear(c.lex)
+	}
+	c.lex[k] = lm
+	c.mu.Unlock()
+	return lm
+}
+
+// walkLex collects the lexMask of automaton d from state st below trie
+// node n.
+func (m *Matcher) walkLex(n int32, d *dfa, st int32, lm *lexMask) {
+	v := m.c.v
+	row := d.next[int(st)*d.ncls : int(st+1)*d.ncls]
+	for ch := v.nodes[n].first; ch >= 0; ch = v.nodes[ch].next {
+		node := &v.nodes[ch]
+		ns := row[d.cls[node.b]]
+		switch {
+		case ns < 0:
+		case d.acc[ns]:
+			lm.exits = append(lm.exits, lexExit{ch, st})
+		case d.out[ns]:
+			for _, id := range v.toks[node.t0:node.t1] {
+				lm.bits[id>>6] |= 1 << (id & 63)
+			}
+			if node.first >= 0 {
+				m.walkLex(ch, d, ns, lm)
+			}
+		}
+	}
+}
+
 // walk visits the children of trie node n, whose prefix leaves the stacks
 // m.buf[lo:hi] (their frames in m.frames), marking every token whose bytes
 // keep some stack alive and pruning a subtree as soon as none is.
 func (m *Matcher) walk(n int32, lo, hi int) {
+	if hi-lo == 1 && m.buf[lo].pos >= 0 {
+		m.walk1(n, m.buf[lo])
+		return
+	}
 	v := m.c.v
 	for ch := v.nodes[n].first; ch >= 0; ch = v.nodes[ch].next {
+		m.child(ch, lo, hi)
+	}
+}
+
+// child advances the stacks m.buf[lo:hi] over the byte of trie node ch and
+// goes on below it.
+func (m *Matcher) child(ch int32, lo, hi int) {
+	v := m.c.v
+	node := &v.nodes[ch]
+	fmark := len(m.frames)
+	for i := lo; i < hi; i++ {
+		m.advance(m.buf[i], node.b)
+	}
+	if len(m.buf) > hi {
+		m.dedup(hi)
+		for _, id := range v.toks[node.t0:node.t1] {
+			m.bits[id>>6] |= 1 << (id & 63)
+		}
+		if node.first >= 0 {
+			m.walk(ch, hi, len(m.buf))
+		}
+	}
+	m.buf, m.frames = m.buf[:hi], m.frames[:fmark]
+}
+
+// walk1 is walk for a single stack t: while the bytes stay inside t's
+// lexeme (the common case: the body of a string) it only steps the
+// automaton, falling back to the general path where the lexeme may end.
+func (m *Matcher) walk1(n int32, t top) {
+	v, g := m.c.v, m.c.g
+	d := g.dfas[g.elems[t.pos].arg]
+	row := d.next[int(t.st)*d.ncls : int(t.st+1)*d.ncls]
+	for ch := v.nodes[n].first; ch >= 0; ch = v.nodes[ch].next {
 		node := &v.nodes[ch]
-		fmark := len(m.frames)
-		for i := lo; i < hi; i++ {
-			m.advance(m.buf[i], node.b)
+		ns := row[d.cls[node.b]]
+		if ns < 0 {
+			continue
 		}
-		if len(m.buf) > hi {
-			m.dedup(hi)
-			for _, id := range v.toks[node.t0:node.t1] {
-				m.bits[id>>6] |= 1 << (id & 63)
-			}
-			if node.first >= 0 {
-				m.walk(ch, hi, len(m.buf))
-			}
+		if d.acc[ns] {
+			hi := len(m.buf)
+			m.buf = append(m.buf, t)
+			m.child(ch, hi, hi+1)
+			m.buf = m.buf[:hi]
+			continue
 		}
-		m.buf, m.frames = m.buf[:hi], m.frames[:fmark]
+		if !d.out[ns] {
+			continue
+		}
+		for _, id := range v.toks[node.t0:node.t1] {
+			m.bits[id>>6] |= 1 << (id & 63)
+		}
+		if node.first >= 0 {
+			m.walk1(ch, top{t.pos, ns, t.rest})
+		}
 	}
 }
 
 // Mask sets to -Inf the logits of every token that cannot come next
 // (logits beyond the vocabulary included). It fails when no token can.
 func (m *Matcher) Mask(logits []float32) error {
-	bits := m.Allowed()
+	allowed := m.Allowed()
 	ninf := float32(math.Inf(-1))
 	n := min(len(logits), len(m.c.v.pieces))
 	any := false
 	for w := 0; w*64 < n; w++ {
-		x := bits[w]
+		x := allowed[w]
 		hi := min(w*64+64, n)
 		switch x {
 		case 0:
@@ -298,8 +416,8 @@ func (m *Matcher) Mask(logits []float32) error {
 			any = true
 		default:
 			any = true
-			for i := w * 64; i < hi; i++ {
-				if x&(1<<(i&63)) == 0 {
+			for z := ^x; z != 0; z &= z - 1 {
+				if i := w*64 + bits.TrailingZeros64(z); i < hi {
 					logits[i] = ninf
 				}
 			}
