@@ -1,6 +1,9 @@
 package grammar
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // dfa is a small deterministic automaton over bytes: one lexeme of the
 // grammar (a JSON string, a number, a literal, a run of white space).
@@ -19,31 +22,63 @@ func (d *dfa) step(st int32, b byte) int32 {
 	return d.next[int(st)*d.ncls+int(d.cls[b])]
 }
 
-// dfaBuilder builds a dfa with dense rows, then compresses it.
+// dfaBuilder builds a dfa. Rows have one entry per byte class: with no
+// class map given every byte is its own class and build merges bytes with
+// equal columns; a class map of byte intervals (newIntervalBuilder) keeps
+// large automata (length-bounded strings) small from the start.
 type dfaBuilder struct {
-	rows [][256]int32
-	acc  []bool
+	cls   [256]uint8
+	width int
+	merge bool
+	rows  []int32 // [state*width+class]
+	acc   []bool
+}
+
+func newBuilder256() *dfaBuilder {
+	b := &dfaBuilder{width: 256, merge: true}
+	for c := range b.cls {
+		b.cls[c] = uint8(c)
+	}
+	return b
+}
+
+// newIntervalBuilder makes classes of the byte intervals that start at
+// each of starts (0 implied); every range given to on must be a union of
+// them.
+func newIntervalBuilder(starts ...int) *dfaBuilder {
+	b := &dfaBuilder{}
+	k := -1
+	for c := 0; c < 256; c++ {
+		if c == 0 || slices.Contains(starts, c) {
+			k++
+		}
+		b.cls[c] = uint8(k)
+	}
+	b.width = k + 1
+	return b
 }
 
 func (b *dfaBuilder) state(accept bool) int32 {
-	var row [256]int32
-	for i := range row {
-		row[i] = -1
+	for range b.width {
+		b.rows = append(b.rows, -1)
 	}
-	b.rows = append(b.rows, row)
 	b.acc = append(b.acc, accept)
-	return int32(len(b.rows) - 1)
+	return int32(len(b.acc) - 1)
 }
 
 func (b *dfaBuilder) on(from int32, lo, hi byte, to int32) {
+	if !b.merge && (b.cls[lo] == b.cls[max(int(lo), 1)-1] && lo != 0 || hi != 255 && b.cls[hi] == b.cls[hi+1]) {
+		panic(fmt.Sprintf("grammar: range %#x-%#x splits a byte class", lo, hi))
+	}
+	row := b.rows[int(from)*b.width:]
 	for c := int(lo); c <= int(hi); c++ {
-		b.rows[from][c] = to
+		row[b.cls[c]] = to
 	}
 }
 
 func (b *dfaBuilder) onSet(from int32, set string, to int32) {
 	for i := 0; i < len(set); i++ {
-		b.rows[from][set[i]] = to
+		b.on(from, set[i], set[i], to)
 	}
 }
 
@@ -52,34 +87,57 @@ func (b *dfaBuilder) onSet(from int32, set string, to int32) {
 const maxStates = 1 << 16
 
 func (b *dfaBuilder) build() (*dfa, error) {
-	if len(b.rows) > maxStates {
-		return nil, fmt.Errorf("lexeme needs %d automaton states (limit %d)", len(b.rows), maxStates)
+	n := len(b.acc)
+	if n > maxStates {
+		return nil, fmt.Errorf("lexeme needs %d automaton states (limit %d)", n, maxStates)
 	}
-	d := &dfa{acc: b.acc, out: make([]bool, len(b.rows))}
-	classOf := map[string]uint8{}
-	col := make([]byte, 4*len(b.rows))
-	var reps []int // a representative byte per class
-	for c := 0; c < 256; c++ {
-		for s := range b.rows {
-			v := uint32(b.rows[s][c])
-			col[4*s], col[4*s+1], col[4*s+2], col[4*s+3] = byte(v), byte(v>>8), byte(v>>16), byte(v>>24)
+	d := &dfa{acc: b.acc, out: make([]bool, n), cls: b.cls, ncls: b.width, next: b.rows}
+	if b.merge {
+		// Bytes with equal columns share a class: hash the columns, then
+		// confirm equality against each class's representative.
+		var h [256]uint64
+		for s := 0; s < n; s++ {
+			row := b.rows[s*256 : s*256+256]
+			for c := range h {
+				h[c] = h[c]*0x100000001b3 ^ uint64(uint32(row[c]))
+			}
 		}
-		k, ok := classOf[string(col)]
-		if !ok {
-			k = uint8(len(reps))
-			classOf[string(col)] = k
-			reps = append(reps, c)
+		sameCol := func(x, y int) bool {
+			for s := 0; s < n; s++ {
+				if b.rows[s*256+x] != b.rows[s*256+y] {
+					return false
+				}
+			}
+			return true
 		}
-		d.cls[c] = k
+		var reps []int // a representative byte per class
+		for c := 0; c < 256; c++ {
+			k := -1
+			for i, r := range reps {
+				if h[r] == h[c] && sameCol(r, c) {
+					k = i
+					break
+				}
+			}
+			if k < 0 {
+				k = len(reps)
+				reps = append(reps, c)
+			}
+			d.cls[c] = uint8(k)
+		}
+		d.ncls = len(reps)
+		d.next = make([]int32, n*d.ncls)
+		for s := 0; s < n; s++ {
+			for k, c := range reps {
+				d.next[s*d.ncls+k] = b.rows[s*256+c]
+			}
+		}
 	}
-	d.ncls = len(reps)
-	d.next = make([]int32, len(b.rows)*d.ncls)
-	for s := range b.rows {
-		for k, c := range reps {
-			t := b.rows[s][c]
-			d.next[s*d.ncls+k] = t
+	for s := 0; s < n; s++ {
+		for _, t := range d.next[s*d.ncls : (s+1)*d.ncls] {
 			if t >= 0 {
 				d.out[s] = true
+				break
 			}
 		}
 	}
@@ -88,15 +146,15 @@ func (b *dfaBuilder) build() (*dfa, error) {
 
 // literalsDFA accepts exactly the given byte strings (a trie).
 func literalsDFA(lits []string) (*dfa, error) {
-	b := &dfaBuilder{}
+	b := newBuilder256()
 	b.state(false)
 	for _, l := range lits {
 		s := int32(0)
 		for i := 0; i < len(l); i++ {
-			t := b.rows[s][l[i]]
+			t := b.rows[int(s)*256+int(l[i])]
 			if t < 0 {
 				t = b.state(false)
-				b.rows[s][l[i]] = t
+				b.rows[int(s)*256+int(l[i])] = t
 			}
 			s = t
 		}
@@ -109,7 +167,7 @@ func literalsDFA(lits []string) (*dfa, error) {
 // it: nothing, one space, or one newline followed by up to indent spaces or
 // tabs (pretty printing), so a model cannot loop on blank lines.
 func wsDFA(indent int) (*dfa, error) {
-	b := &dfaBuilder{}
+	b := newBuilder256()
 	start := b.state(true)
 	space := b.state(true)
 	b.on(start, ' ', ' ', space)
@@ -133,7 +191,10 @@ type stringSpec struct {
 // control characters, or the escapes \" \\ \/ \b \f \n \r \t \uXXXX, with
 // between minLen and maxLen characters.
 func stringDFA(sp stringSpec) (*dfa, error) {
-	b := &dfaBuilder{}
+	// Byte classes: everything the string automaton tells apart.
+	b := newIntervalBuilder(0x20, '"', '"'+1, '/', '0', '9'+1, 'A', 'F'+1, '\\', '\\'+1,
+		'a', 'b', 'c', 'f', 'f'+1, 'n', 'n'+1, 'r', 'r'+1, 't', 'u', 'u'+1, 0x80, 0x90, 0xa0, 0xc0,
+		0xc2, 0xe0, 0xe1, 0xed, 0xee, 0xf0, 0xf1, 0xf4, 0xf5)
 	open := b.state(false)
 	closed := b.state(true)
 	levels := sp.maxLen
@@ -143,6 +204,7 @@ func stringDFA(sp stringSpec) (*dfa, error) {
 	// body[c]: c characters read; per level the partial-character states.
 	type level struct{ body, esc, u1, u2, u3, u4, c1, c2, c3, e0, ed, f0, f4 int32 }
 	ls := make([]level, levels+1)
+	b.rows = slices.Grow(b.rows, (2+13*len(ls))*b.width)
 	for c := range ls {
 		l := &ls[c]
 		l.body = b.state(false)
@@ -166,11 +228,11 @@ func stringDFA(sp stringSpec) (*dfa, error) {
 		}
 		done := ls[nc].body
 		b.on(l.body, 0x20, 0x7f, done)
-		b.rows[l.body]['"'] = -1
+		b.on(l.body, '"', '"', -1)
 		if c >= sp.minLen {
-			b.rows[l.body]['"'] = closed
+			b.on(l.body, '"', '"', closed)
 		}
-		b.rows[l.body]['\\'] = -1
+		b.on(l.body, '\\', '\\', -1)
 		if !sp.noEscape {
 			b.on(l.body, '\\', '\\', l.esc)
 			b.onSet(l.esc, `"\/bfnrt`, done)
@@ -212,7 +274,7 @@ const (
 // numberDFA accepts a JSON number; integer: no fraction or exponent;
 // nonNeg: no minus sign.
 func numberDFA(integer, nonNeg bool) (*dfa, error) {
-	b := &dfaBuilder{}
+	b := newBuilder256()
 	start := b.state(false)
 	minus := b.state(false)
 	zero := b.state(true)

@@ -40,7 +40,12 @@ type builder struct {
 	alts [][][]elem // per rule, per alternative, its elements
 	dfas []*dfa
 	lexs map[string]int32 // memoized lexemes by description
+	nst  int              // automaton states so far
 }
+
+// maxGrammarStates bounds the automaton states of one grammar (a schema
+// with many different string length limits).
+const maxGrammarStates = 1 << 18
 
 func newBuilder() *builder { return &builder{lexs: map[string]int32{}} }
 
@@ -66,6 +71,9 @@ func (b *builder) lex(key string, mk func() (*dfa, error)) (elem, error) {
 	d, err := mk()
 	if err != nil {
 		return elem{}, err
+	}
+	if b.nst += len(d.acc); b.nst > maxGrammarStates {
+		return elem{}, fmt.Errorf("the schema needs more than %d automaton states (too many or too long string length limits)", maxGrammarStates)
 	}
 	b.dfas = append(b.dfas, d)
 	i := int32(len(b.dfas) - 1)

@@ -1,10 +1,12 @@
 package grammar
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"time"
 )
 
 // testSchemas cover every supported keyword.
@@ -29,8 +31,11 @@ var testSchemas = map[string]string{
 		"kids":{"type":"array","items":{"$ref":"#/definitions/node"},"maxItems":2}},"required":["v"]}},
 		"$ref":"#/definitions/node"}`,
 	"free": `{"type":"object","additionalProperties":{"type":"integer"}}`,
-	"any":  `{}`,
-	"arr":  `{"type":"array","items":{"type":"number"},"minItems":2,"maxItems":4}`,
+	"union": `{"$defs":{"cat":{"type":"object","properties":{"kind":{"const":"cat"},"lives":{"type":"integer"}},"required":["kind","lives"]},
+		"dog":{"type":"object","properties":{"kind":{"enum":["dog","puppy"]},"good":{"type":"boolean"}},"required":["kind"]}},
+		"oneOf":[{"$ref":"#/$defs/cat"},{"$ref":"#/$defs/dog"},{"type":"array","items":{"type":"null"}}]}`,
+	"any": `{}`,
+	"arr": `{"type":"array","items":{"type":"number"},"minItems":2,"maxItems":4}`,
 }
 
 // byteVocab is every single byte plus multi-byte pieces a real vocabulary
@@ -213,6 +218,10 @@ func TestSchemaErrors(t *testing.T) {
 		{`{"type":"string","minLength":3,"maxLength":2}`, "maxLength"},
 		{`{"anyOf":[]}`, "anyOf"},
 		{`{"type":"integer","const":1,"minLength":1}`, "minLength"},
+		{`{"oneOf":[{},{"type":"string"}]}`, "oneOf"},
+		{`{"oneOf":[{"type":"integer"},{"type":"number"}]}`, "oneOf"},
+		{`{"oneOf":[{"properties":{"a":{}}},{"type":"string"}]}`, "oneOf"}, // the first also accepts strings
+		{`{"oneOf":[{"type":"object","properties":{"k":{"const":"a"}}},{"type":"object","properties":{"k":{"const":"b"}}}]}`, "oneOf"}, // k not required
 		{`[1]`, "schema must be"},
 		{`{"a":`, "not valid JSON"},
 	}
@@ -253,5 +262,34 @@ func TestEOGForced(t *testing.T) {
 	}
 	if m.Accept(5) == nil {
 		t.Fatal("a token after EOG was accepted")
+	}
+}
+
+// TestLimitsCompileFast: the largest limits compile in well under a
+// second, and a schema asking for too many automaton states is refused.
+func TestLimitsCompileFast(t *testing.T) {
+	for _, s := range []string{
+		fmt.Sprintf(`{"type":"string","minLength":%d,"maxLength":%d}`, maxStringLen-1, maxStringLen),
+		fmt.Sprintf(`{"type":"array","minItems":%d,"maxItems":%d}`, maxArrayItems, maxArrayItems),
+	} {
+		t0 := time.Now()
+		g, err := CompileSchema([]byte(s))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := New(g, byteVocab()).Matcher().Mask(make([]float32, 300)); err != nil {
+			t.Fatal(err)
+		}
+		if d := time.Since(t0); d > time.Second {
+			t.Errorf("%s: %v", s, d)
+		}
+	}
+	var props []string
+	for i := range 30 {
+		props = append(props, fmt.Sprintf(`"p%d":{"type":"string","maxLength":%d}`, i, maxStringLen-i))
+	}
+	_, err := CompileSchema([]byte(`{"type":"object","properties":{` + strings.Join(props, ",") + `}}`))
+	if err == nil || !strings.Contains(err.Error(), "automaton states") {
+		t.Fatalf("err %v, want too many automaton states", err)
 	}
 }

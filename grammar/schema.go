@@ -15,7 +15,7 @@ import (
 // Limits of what a schema may ask for.
 const (
 	maxIndent     = 20   // white space between two tokens: "", " " or "\n" and this many spaces/tabs
-	maxStringLen  = 2000 // largest maxLength/minLength honoured exactly
+	maxStringLen  = 1000 // largest maxLength/minLength honoured exactly
 	maxArrayItems = 1000 // largest minItems/maxItems
 	maxSchemaSize = 1 << 20
 )
@@ -87,6 +87,7 @@ type obj struct {
 }
 
 func (o *obj) get(k string) (any, bool) { v, ok := o.vals[k]; return v, ok }
+func (o *obj) val(k string) any         { return o.vals[k] }
 
 // decodeOrdered decodes JSON with objects as *obj and numbers as json.Number.
 func decodeOrdered(data []byte) (any, error) {
@@ -409,6 +410,11 @@ func (c *compiler) schema(s *obj, path string) (elem, error) {
 		if !ok || len(a) == 0 {
 			return elem{}, c.errf(path, kw, "must be a non-empty array of schemas")
 		}
+		if kw == "oneOf" {
+			if err := c.checkOneOf(a, path); err != nil {
+				return elem{}, err
+			}
+		}
 		var alts [][]elem
 		for i, sub := range a {
 			e, err := c.node(sub, fmt.Sprintf("%s/%s/%d", path, kw, i))
@@ -602,7 +608,11 @@ func (c *compiler) typed(s *obj, t, path string) (elem, error) {
 			return elem{}, c.errf(path, "maxLength", "is less than minLength")
 		}
 		sp := stringSpec{minLen: lo, maxLen: hi}
-		return b.lex(fmt.Sprintf("str:%d:%d", lo, hi), func() (*dfa, error) { return stringDFA(sp) })
+		e, err := b.lex(fmt.Sprintf("str:%d:%d", lo, hi), func() (*dfa, error) { return stringDFA(sp) })
+		if err != nil {
+			return elem{}, c.errf(path, "maxLength", "%v", err)
+		}
+		return e, nil
 	case "array":
 		lo, err := c.count(s, "minItems", 0, maxArrayItems, path)
 		if err != nil {
@@ -731,27 +741,9 @@ func (c *compiler) ref(r, path string) (elem, error) {
 	if r != "#" && !strings.HasPrefix(r, "#/") {
 		return elem{}, c.errf(path, "$ref", "only local references (#/$defs/...) are supported, got %q", r)
 	}
-	target := c.doc
-	if r != "#" {
-		for _, part := range strings.Split(r[2:], "/") {
-			part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
-			switch x := target.(type) {
-			case *obj:
-				v, ok := x.get(part)
-				if !ok {
-					return elem{}, c.errf(path, "$ref", "%q does not resolve", r)
-				}
-				target = v
-			case []any:
-				i, err := strconv.Atoi(part)
-				if err != nil || i < 0 || i >= len(x) {
-					return elem{}, c.errf(path, "$ref", "%q does not resolve", r)
-				}
-				target = x[i]
-			default:
-				return elem{}, c.errf(path, "$ref", "%q does not resolve", r)
-			}
-		}
+	target, ok := c.resolve(r)
+	if !ok {
+		return elem{}, c.errf(path, "$ref", "%q does not resolve", r)
 	}
 	rule := c.b.rule()
 	c.refs[r] = rule
@@ -761,4 +753,236 @@ func (c *compiler) ref(r, path string) (elem, error) {
 	}
 	c.b.define(rule, []elem{e})
 	return elem{kRef, rule}, nil
+}
+
+// JSON kinds, as bits: what a document's first byte tells apart.
+const (
+	kindNull = 1 << iota
+	kindBool
+	kindNumber
+	kindString
+	kindArray
+	kindObject
+	kindAll = 1<<iota - 1
+)
+
+var kindOfType = map[string]int{"null": kindNull, "boolean": kindBool, "integer": kindNumber,
+	"number": kindNumber, "string": kindString, "array": kindArray, "object": kindObject}
+
+func kindOfValue(v any) int {
+	switch v.(type) {
+	case nil:
+		return kindNull
+	case bool:
+		return kindBool
+	case json.Number:
+		return kindNumber
+	case string:
+		return kindString
+	case []any:
+		return kindArray
+	}
+	return kindObject
+}
+
+// kinds is the set of JSON kinds schema s may accept (semantically, not
+// just what its grammar generates); kindAll when unsure.
+func (c *compiler) kinds(s any, depth int) int {
+	o, ok := s.(*obj)
+	if !ok {
+		if s == false {
+			return 0
+		}
+		return kindAll
+	}
+	if depth > 32 {
+		return kindAll
+	}
+	if r, ok := o.get("$ref"); ok {
+		if rs, ok := r.(string); ok {
+			if t, ok := c.resolve(rs); ok {
+				return c.kinds(t, depth+1)
+			}
+		}
+		return kindAll
+	}
+	k := kindAll
+	if v, ok := o.get("type"); ok {
+		k = 0
+		switch x := v.(type) {
+		case string:
+			k = kindOfType[x]
+		case []any:
+			for _, e := range x {
+				if n, ok := e.(string); ok {
+					k |= kindOfType[n]
+				}
+			}
+		}
+	}
+	if v, ok := o.get("const"); ok {
+		k &= kindOfValue(v)
+	}
+	if v, ok := o.val("enum").([]any); ok {
+		e := 0
+		for _, x := range v {
+			e |= kindOfValue(x)
+		}
+		k &= e
+	}
+	for _, kw := range []string{"anyOf", "oneOf"} {
+		if a, ok := o.get(kw); ok {
+			if list, ok := a.([]any); ok {
+				u := 0
+				for _, sub := range list {
+					u |= c.kinds(sub, depth+1)
+				}
+				k &= u
+			}
+		}
+	}
+	return k
+}
+
+// literals is the set of values s allows (const or enum, as canonical
+// JSON, numbers excluded as 1 and 1.0 are one value), ok false when s
+// allows others.
+func literals(s any) (map[string]bool, bool) {
+	o, ok := s.(*obj)
+	if !ok {
+		return nil, false
+	}
+	var vals []any
+	if v, ok := o.get("const"); ok {
+		vals = []any{v}
+	} else if v, ok := o.val("enum").([]any); ok {
+		vals = v
+	} else {
+		return nil, false
+	}
+	set := map[string]bool{}
+	for _, v := range vals {
+		if _, num := v.(json.Number); num {
+			return nil, false
+		}
+		set[string(appendJSON(nil, v))] = true
+	}
+	return set, true
+}
+
+// discriminated reports whether objects valid against a and b differ in a
+// property both require whose allowed values (const/enum) are disjoint.
+func discriminated(a, b any) bool {
+	ao, ok1 := a.(*obj)
+	bo, ok2 := b.(*obj)
+	if !ok1 || !ok2 {
+		return false
+	}
+	req := func(o *obj) map[string]bool {
+		m := map[string]bool{}
+		if r, ok := o.val("required").([]any); ok {
+			for _, x := range r {
+				if n, ok := x.(string); ok {
+					m[n] = true
+				}
+			}
+		}
+		return m
+	}
+	props := func(o *obj) *obj { p, _ := o.val("properties").(*obj); return p }
+	ra, rb, pa, pb := req(ao), req(bo), props(ao), props(bo)
+	if pa == nil || pb == nil {
+		return false
+	}
+	for name := range ra {
+		if !rb[name] {
+			continue
+		}
+		la, ok1 := literals(pa.vals[name])
+		lb, ok2 := literals(pb.vals[name])
+		if !ok1 || !ok2 {
+			continue
+		}
+		disjoint := true
+		for v := range la {
+			if lb[v] {
+				disjoint = false
+			}
+		}
+		if disjoint {
+			return true
+		}
+	}
+	return false
+}
+
+// checkOneOf accepts a oneOf only when no document can match two of its
+// branches: their JSON kinds differ, or they are objects told apart by a
+// required discriminator property. Otherwise a document generated from
+// one branch might also match another, which oneOf forbids.
+func (c *compiler) checkOneOf(branches []any, path string) error {
+	for i := range branches {
+		for j := i + 1; j < len(branches); j++ {
+			a, b := branches[i], branches[j]
+			if c.kinds(a, 0)&c.kinds(b, 0) == 0 {
+				continue
+			}
+			if discriminated(c.deref(a), c.deref(b)) {
+				continue
+			}
+			return c.errf(path, "oneOf", "branches %d and %d may both match one document (only oneOf branches of different types, or objects with a required const/enum discriminator, are supported; anyOf has no such limit)", i, j)
+		}
+	}
+	return nil
+}
+
+// deref follows a $ref-only schema to its target.
+func (c *compiler) deref(s any) any {
+	for range 32 {
+		o, ok := s.(*obj)
+		if !ok {
+			return s
+		}
+		r, ok := o.val("$ref").(string)
+		if !ok {
+			return s
+		}
+		t, ok := c.resolve(r)
+		if !ok {
+			return s
+		}
+		s = t
+	}
+	return s
+}
+
+// resolve finds the target of a local reference.
+func (c *compiler) resolve(r string) (any, bool) {
+	if r == "#" {
+		return c.doc, true
+	}
+	if !strings.HasPrefix(r, "#/") {
+		return nil, false
+	}
+	target := c.doc
+	for _, part := range strings.Split(r[2:], "/") {
+		part = strings.ReplaceAll(strings.ReplaceAll(part, "~1", "/"), "~0", "~")
+		switch x := target.(type) {
+		case *obj:
+			v, ok := x.get(part)
+			if !ok {
+				return nil, false
+			}
+			target = v
+		case []any:
+			i, err := strconv.Atoi(part)
+			if err != nil || i < 0 || i >= len(x) {
+				return nil, false
+			}
+			target = x[i]
+		default:
+			return nil, false
+		}
+	}
+	return target, true
 }
