@@ -185,6 +185,14 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	format := toolNone
+	if len(tools) > 0 {
+		if ts, ok := s.b.(ChatTemplateSourcer); ok {
+			format = detectToolFormat(ts.ChatTemplateSource())
+		}
+		er.ShowTokens = s.markerTokens(format)
+	}
+
 	if !s.admit(w) {
 		return
 	}
@@ -197,12 +205,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, submitError(err))
 		return
 	}
-	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs)}
-	if len(tools) > 0 {
-		if ts, ok := s.b.(ChatTemplateSourcer); ok {
-			c.tools = detectToolFormat(ts.ChatTemplateSource())
-		}
-	}
+	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs), tools: format}
 	if req.Stream {
 		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 	} else {

@@ -54,6 +54,29 @@ func detectToolFormat(tmpl string) toolFormat {
 	return toolNone
 }
 
+// markerTokens are the ids of f's markers that the vocabulary holds as
+// single (special) tokens: the engine must render them as text, which
+// detokenization does not do for control tokens, or the parser would
+// never see a call.
+func (s *Server) markerTokens(f toolFormat) []int32 {
+	var markers []string
+	switch f {
+	case toolHermes:
+		markers = []string{hermesOpen, hermesClose}
+	case toolMistral:
+		markers = []string{mistralTag, mistralArgs}
+	case toolLlama:
+		markers = []string{pythonTag}
+	}
+	var ids []int32
+	for _, m := range markers {
+		if t := s.b.Tokenize(m, false); len(t) == 1 {
+			ids = append(ids, t[0])
+		}
+	}
+	return ids
+}
+
 // toolCall is one parsed call; Arguments is JSON text, as OpenAI sends it.
 type toolCall struct {
 	Name      string
