@@ -37,8 +37,17 @@ type lexMask struct {
 
 type lexExit struct{ node, st int32 }
 
-// maxCached bounds the masks a Constraint keeps.
-const maxCached = 256
+// Each of a Constraint's two mask caches holds at most maxCached masks
+// and about cacheBytes of them (a 150k vocabulary's mask is 19 KB).
+const (
+	maxCached  = 256
+	cacheBytes = 4 << 20
+)
+
+// cacheCap is how many masks of this vocabulary a cache keeps.
+func (c *Constraint) cacheCap() int {
+	return max(8, min(maxCached, cacheBytes/(8*((len(c.v.pieces)+63)/64+1))))
+}
 
 // New binds g to v.
 func New(g *Grammar, v *Vocab) *Constraint {
@@ -269,7 +278,7 @@ func (m *Matcher) Allowed() []uint64 {
 		m.eogBits(bits)
 	}
 	c.mu.Lock()
-	if len(c.cache) >= maxCached {
+	if len(c.cache) >= c.cacheCap() {
 		clear(c.cache)
 	}
 	c.cache[string(key)] = bits
@@ -299,7 +308,7 @@ func (m *Matcher) lexMask(t top) *lexMask {
 	lm = &lexMask{bits: make([]uint64, len(m.bits))}
 	m.walkLex(0, c.g.dfas[k.dfa], t.st, lm)
 	c.mu.Lock()
-	if len(c.lex) >= maxCached {
+	if len(c.lex) >= c.cacheCap() {
 		clear(c.lex)
 	}
 	c.lex[k] = lm

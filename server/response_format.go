@@ -32,13 +32,14 @@ type GrammarVocaber interface {
 }
 
 // constraints keeps compiled response formats by their JSON, so repeated
-// requests with one schema share its grammar and its cache of masks.
+// requests with one schema share its grammar and its cache of masks (at
+// most about 8 MB each, see package grammar).
 type constraints struct {
 	mu sync.Mutex
 	m  map[string]*grammar.Constraint
 }
 
-const maxConstraints = 64
+const maxConstraints = 16
 
 // constraint returns the sampling constraint of rf, nil for plain text.
 func (s *Server) constraint(rf *responseFormat) (func() sample.Constraint, *apiError) {
