@@ -13,7 +13,8 @@ import (
 var testSchemas = map[string]string{
 	"person": `{"type":"object","properties":{
 		"name":{"type":"string","maxLength":8},
-		"age":{"type":"integer","minimum":0},
+		"age":{"type":"integer","minimum":0,"maximum":150},
+		"rank":{"type":"integer","exclusiveMinimum":-20,"exclusiveMaximum":-3},
 		"tags":{"type":"array","items":{"type":"string","enum":["a","b\"c","ü"]},"minItems":1,"maxItems":3},
 		"ok":{"type":"boolean"},
 		"none":{"type":"null"},
@@ -198,8 +199,12 @@ func TestSchemaErrors(t *testing.T) {
 	cases := []struct{ schema, want string }{
 		{`{"type":"string","pattern":"^a$"}`, "pattern"},
 		{`{"type":"string","format":"date"}`, "format"},
-		{`{"type":"integer","maximum":3}`, "maximum"},
-		{`{"type":"integer","minimum":3}`, "minimum"},
+		{`{"type":"number","maximum":3}`, "maximum"},
+		{`{"type":"number","minimum":3}`, "minimum"},
+		{`{"minimum":3}`, "minimum"},
+		{`{"type":"integer","minimum":3,"maximum":2}`, "no integer"},
+		{`{"type":"integer","exclusiveMinimum":2,"exclusiveMaximum":3}`, "no integer"},
+		{`{"type":"integer","maximum":"x"}`, "maximum"},
 		{`{"type":"object","properties":{"a":{"not":{}}}}`, "not at #/properties/a"},
 		{`{"allOf":[{},{}]}`, "allOf"},
 		{`{"$ref":"http://x/y"}`, "$ref"},
@@ -291,5 +296,36 @@ func TestLimitsCompileFast(t *testing.T) {
 	_, err := CompileSchema([]byte(`{"type":"object","properties":{` + strings.Join(props, ",") + `}}`))
 	if err == nil || !strings.Contains(err.Error(), "automaton states") {
 		t.Fatalf("err %v, want too many automaton states", err)
+	}
+}
+
+// TestIntegerRanges checks integer bounds exhaustively around them.
+func TestIntegerRanges(t *testing.T) {
+	v := byteVocab()
+	for _, r := range [][2]int64{{-13, 7}, {0, 150}, {5, 5}, {-1000, -999}, {99, 1001}, {1, maxIntMag}, {-maxIntMag, -10}, {0, 0}} {
+		g, err := CompileSchema([]byte(fmt.Sprintf(`{"type":"integer","minimum":%d,"maximum":%d}`, r[0], r[1])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c := New(g, v)
+		ok := func(s string) bool {
+			m := c.Matcher()
+			return m.AcceptBytes([]byte(s)) == nil && m.Complete()
+		}
+		for x := int64(-2100); x <= 2100; x++ {
+			if got, want := ok(fmt.Sprint(x)), r[0] <= x && x <= r[1]; got != want {
+				t.Errorf("[%d, %d]: %d accepted %v", r[0], r[1], x, got)
+			}
+		}
+		for _, x := range []int64{r[0], r[1], r[0] - 1, r[1] + 1} {
+			if got, want := ok(fmt.Sprint(x)), r[0] <= x && x <= r[1]; got != want {
+				t.Errorf("[%d, %d]: %d accepted %v", r[0], r[1], x, got)
+			}
+		}
+		for _, bad := range []string{"-0", "00", "07", "", "-", "1.0", "1e2", "+1"} {
+			if ok(bad) {
+				t.Errorf("[%d, %d]: %q accepted", r[0], r[1], bad)
+			}
+		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 var storySchemas = []string{
 	`{"type":"object","properties":{
 		"name":{"type":"string","maxLength":12},
-		"age":{"type":"integer","minimum":0},
+		"age":{"type":"integer","minimum":1,"maximum":12},
 		"pet":{"enum":["cat","dog","bird"]}},
 		"required":["name","age","pet"],"additionalProperties":false}`,
 	`{"type":"object","properties":{

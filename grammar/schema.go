@@ -66,9 +66,6 @@ var unsupported = map[string]string{
 	"$dynamicRef":           "not supported",
 	"$recursiveRef":         "not supported",
 	"multipleOf":            "not supported",
-	"maximum":               "numeric bounds are not supported",
-	"exclusiveMaximum":      "numeric bounds are not supported",
-	"exclusiveMinimum":      "numeric bounds are not supported",
 }
 
 // annotations never constrain a document.
@@ -514,6 +511,8 @@ func inferTypes(s *obj) []string {
 			return []string{"array"}
 		case "minLength", "maxLength":
 			return []string{"string"}
+		case "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum":
+			return []string{"number"}
 		}
 	}
 	return nil
@@ -583,18 +582,31 @@ func (c *compiler) typed(s *obj, t, path string) (elem, error) {
 		return b.lit("null"), nil
 	case "boolean":
 		return b.lex("true|false", func() (*dfa, error) { return literalsDFA([]string{"true", "false"}) })
-	case "integer", "number":
+	case "integer":
+		lo, hi, bounded, err := c.intBounds(s, path)
+		if err != nil {
+			return elem{}, err
+		}
+		if !bounded {
+			return b.lex("num:int", func() (*dfa, error) { return numberDFA(true, false) })
+		}
+		return b.lex(fmt.Sprintf("int:%d:%d", lo, hi), func() (*dfa, error) { return intRangeDFA(lo, hi) })
+	case "number":
+		for _, kw := range []string{"maximum", "exclusiveMaximum", "exclusiveMinimum"} {
+			if _, ok := s.get(kw); ok {
+				return elem{}, c.errf(path, kw, "bounds on non-integer numbers are not supported (use type integer)")
+			}
+		}
 		nonNeg := false
 		if v, ok := s.get("minimum"); ok {
 			n, ok := v.(json.Number)
 			f, err := n.Float64()
 			if !ok || err != nil || f > 0 {
-				return elem{}, c.errf(path, "minimum", "only a minimum of 0 or less is supported (it removes the minus sign), got %s", appendJSON(nil, v))
+				return elem{}, c.errf(path, "minimum", "a minimum above 0 on non-integer numbers is not supported (use type integer), got %s", appendJSON(nil, v))
 			}
 			nonNeg = true
 		}
-		integer := t == "integer"
-		return b.lex(fmt.Sprintf("num:%v:%v", integer, nonNeg), func() (*dfa, error) { return numberDFA(integer, nonNeg) })
+		return b.lex(fmt.Sprintf("num:%v", nonNeg), func() (*dfa, error) { return numberDFA(false, nonNeg) })
 	case "string":
 		lo, err := c.count(s, "minLength", 0, maxStringLen, path)
 		if err != nil {

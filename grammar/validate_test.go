@@ -138,6 +138,15 @@ func validateObj(doc any, s map[string]any, root any) error {
 		if v, ok := s["minimum"].(float64); ok && x < v {
 			return fmt.Errorf("%v below minimum %v", x, v)
 		}
+		if v, ok := s["maximum"].(float64); ok && x > v {
+			return fmt.Errorf("%v above maximum %v", x, v)
+		}
+		if v, ok := s["exclusiveMinimum"].(float64); ok && x <= v {
+			return fmt.Errorf("%v not above exclusiveMinimum %v", x, v)
+		}
+		if v, ok := s["exclusiveMaximum"].(float64); ok && x >= v {
+			return fmt.Errorf("%v not below exclusiveMaximum %v", x, v)
+		}
 	case []any:
 		if v, ok := s["minItems"].(float64); ok && float64(len(x)) < v {
 			return fmt.Errorf("%d items, fewer than %v", len(x), v)
