@@ -21,9 +21,9 @@ func intRangeDFA(lo, hi int64) (*dfa, error) {
 	// An NFA item: digit strings of length L in [a, b] (both L digits),
 	// at position pos, still equal to a's prefix (tl) and/or b's (th).
 	type item struct {
-		a, b     string
-		pos      int
-		tl, th   bool
+		a, b   string
+		pos    int
+		tl, th bool
 	}
 	var starts []item
 	addMag := func(lo, hi int64) {
