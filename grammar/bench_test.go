@@ -89,8 +89,23 @@ func BenchmarkMask(b *testing.B) {
 						}
 					}
 					b.ReportMetric(float64(allowed), "allowed")
+					b.ReportMetric(float64(len(bv.v.nodes)), "trie-nodes")
 				})
 			}
 		}
 	}
+}
+
+// BenchmarkNewVocab is the one-time cost of indexing a 151k vocabulary
+// (the server pays it on its first constrained request).
+func BenchmarkNewVocab(b *testing.B) {
+	tok, err := tokenizer.LoadHF(testutil.Shared(b, "models/tokenizers/qwen3/tokenizer.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var v *Vocab
+	for b.Loop() {
+		v = NewVocab(tok)
+	}
+	b.ReportMetric(float64(len(v.nodes)), "trie-nodes")
 }
