@@ -125,7 +125,7 @@ func TestResponseFormatErrors(t *testing.T) {
 		{`{"type":"json_schema","json_schema":{"name":"x"}}`, "schema is required"},
 		{`{"type":"json_schema","json_schema":{"schema":{"type":"string","pattern":"a+"}}}`, "pattern"},
 		{`{"type":"json_schema","json_schema":{"schema":{"type":"object","properties":{"d":{"type":"string","format":"date"}}}}}`, "format at #/properties/d"},
-		{`{"type":"json_schema","json_schema":{"schema":{"type":"integer","maximum":3}}}`, "maximum"},
+		{`{"type":"json_schema","json_schema":{"schema":{"type":"number","maximum":3}}}`, "maximum"},
 		{`{"type":"json_schema","json_schema":{"schema":{"$ref":"#/$defs/nope"}}}`, "does not resolve"},
 	}
 	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
