@@ -329,3 +329,22 @@ func TestIntegerRanges(t *testing.T) {
 		}
 	}
 }
+
+func TestCompileSchemaBetween(t *testing.T) {
+	g, err := CompileSchemaBetween([]byte(`{"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]}`), "<tool_call>", "</tool_call>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for text, want := range map[string]bool{
+		"<tool_call>\n{\"a\": 1}\n</tool_call>": true,
+		"<tool_call>{\"a\":1}</tool_call>":      true,
+		"{\"a\":1}</tool_call>":                 false,
+		"<tool_call>{\"a\":1}":                  false, // incomplete
+		"<tool_call>{\"a\":1}</tool_call> ":     false,
+	} {
+		m := New(g, byteVocab()).Matcher()
+		if got := m.AcceptBytes([]byte(text)) == nil && m.Complete(); got != want {
+			t.Errorf("%q: %v, want %v", text, got, want)
+		}
+	}
+}

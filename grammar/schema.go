@@ -208,7 +208,12 @@ func newCompiler(doc any) *compiler {
 }
 
 // CompileSchema compiles a JSON schema.
-func CompileSchema(schema []byte) (*Grammar, error) {
+func CompileSchema(schema []byte) (*Grammar, error) { return CompileSchemaBetween(schema, "", "") }
+
+// CompileSchemaBetween compiles a schema for a document written between
+// two literal texts, white space allowed around it: a tool call's wrapper
+// such as "<tool_call>" … "</tool_call>".
+func CompileSchemaBetween(schema []byte, prefix, suffix string) (*Grammar, error) {
 	if len(schema) > maxSchemaSize {
 		return nil, &SchemaError{Msg: fmt.Sprintf("schema of %d bytes is larger than %d", len(schema), maxSchemaSize)}
 	}
@@ -222,7 +227,15 @@ func CompileSchema(schema []byte) (*Grammar, error) {
 	if err != nil {
 		return nil, err
 	}
-	c.b.define(root, []elem{c.ws, e})
+	var seq []elem
+	if prefix != "" {
+		seq = append(seq, c.b.lit(prefix))
+	}
+	seq = append(seq, c.ws, e)
+	if suffix != "" {
+		seq = append(seq, c.ws, c.b.lit(suffix))
+	}
+	c.b.define(root, seq)
 	g, err := c.b.finish(root)
 	if err != nil {
 		return nil, &SchemaError{Msg: err.Error()}

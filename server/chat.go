@@ -158,19 +158,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tools := req.Tools
-	if tc := bytes.TrimSpace(req.ToolChoice); len(tc) > 0 && string(tc) != "null" {
-		var choice string
-		_ = json.Unmarshal(tc, &choice)
-		switch choice {
-		case "none":
-			tools = nil
-		case "auto":
-		default:
-			// Forcing a tool needs constrained decoding; without it the
-			// model may still answer in prose.
-			writeAPIError(w, badRequest("tool_choice", "tool_choice other than \"auto\" or \"none\" is not supported"))
-			return
-		}
+	forced, none, ae := forcedTools(req.ToolChoice, tools)
+	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if none {
+		tools = nil
 	}
 	prompt, ae := s.chatPrompt(req.Messages, req.AddGenerationPrompt, tools, req.ChatTemplateKwargs, req.AddSpecialTokens)
 	if ae != nil {
@@ -191,6 +185,17 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			format = detectToolFormat(ts.ChatTemplateSource())
 		}
 		er.ShowTokens = s.markerTokens(format)
+	}
+	if forced != nil {
+		// The reply must be a call: constrained decoding writes it.
+		if er.Sampling.Constraint != nil {
+			writeAPIError(w, badRequest("tool_choice", "tool_choice that forces a call cannot be combined with response_format"))
+			return
+		}
+		if er.Sampling.Constraint, ae = s.toolConstraint(format, forced); ae != nil {
+			writeAPIError(w, ae)
+			return
+		}
 	}
 
 	if !s.admit(w) {

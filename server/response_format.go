@@ -3,6 +3,7 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"sync"
 
 	"pagoda/grammar"
@@ -71,9 +72,24 @@ func (s *Server) constraint(rf *responseFormat) (func() sample.Constraint, *apiE
 	default:
 		return nil, badRequest("response_format", "response_format type %q is not supported (text, json_object or json_schema)", rf.Type)
 	}
+	f, err := s.cachedConstraint(key, compile)
+	if err != nil {
+		if errors.Is(err, errNoGrammar) {
+			return nil, badRequest("response_format", "response_format %q is not supported by this backend", rf.Type)
+		}
+		return nil, badRequest("response_format", "response_format.json_schema.schema: %v", err)
+	}
+	return f, nil
+}
+
+var errNoGrammar = errors.New("server: the backend cannot constrain generation")
+
+// cachedConstraint returns the constraint compiled under key, compiling it
+// the first time.
+func (s *Server) cachedConstraint(key string, compile func() (*grammar.Grammar, error)) (func() sample.Constraint, error) {
 	gv, ok := s.b.(GrammarVocaber)
 	if !ok {
-		return nil, badRequest("response_format", "response_format %q is not supported by this backend", rf.Type)
+		return nil, errNoGrammar
 	}
 	s.cons.mu.Lock()
 	c, ok := s.cons.m[key]
@@ -81,7 +97,7 @@ func (s *Server) constraint(rf *responseFormat) (func() sample.Constraint, *apiE
 	if !ok {
 		g, err := compile()
 		if err != nil {
-			return nil, badRequest("response_format", "response_format.json_schema.schema: %v", err)
+			return nil, err
 		}
 		c = grammar.New(g, gv.GrammarVocab())
 		s.cons.mu.Lock()
