@@ -159,11 +159,12 @@ func TestOpenAINodeToolCalls(t *testing.T) {
 	}
 }
 
-// TestOpenAINodeJSON runs openai-node's JSON mode and structured outputs
-// (chat.completions.parse, streaming) against the real stories260K model.
+// TestOpenAINodeJSON runs openai-node's JSON mode, structured outputs
+// (chat.completions.parse, streaming) and a forced tool call against the
+// real stories260K model.
 func TestOpenAINodeJSON(t *testing.T) {
 	openaiNode(t)
-	ts := storiesServer(t)
+	ts := toolServer(t, "{% for m in messages %}{{ m.content }}{% endfor %}{# <tool_call> #}")
 	type owner struct {
 		Name    string
 		Age     int
@@ -178,7 +179,11 @@ func TestOpenAINodeJSON(t *testing.T) {
 		Object struct{ Content, Finish string }
 		Schema []reply
 		Stream reply
-		Bad    struct {
+		Tool   struct {
+			Finish string
+			Calls  [][]any
+		}
+		Bad struct {
 			Status         int
 			Param, Message string
 		}
@@ -204,6 +209,10 @@ func TestOpenAINodeJSON(t *testing.T) {
 			p.Friends == nil || len(p.Friends) > 2 || utf8.RuneCountInString(p.Name) > 10 {
 			t.Errorf("json_schema: %s finish %q: %+v %v", r.Parsed, r.Finish, p, err)
 		}
+	}
+	if tc := got.Tool; tc.Finish != "tool_calls" || len(tc.Calls) != 1 || tc.Calls[0][0] != "get_time" ||
+		!reflect.DeepEqual(tc.Calls[0][1], map[string]any{"tz": "CET"}) && !reflect.DeepEqual(tc.Calls[0][1], map[string]any{"tz": "UTC"}) {
+		t.Errorf("forced tool call: %+v", tc)
 	}
 	if got.Bad.Status != 400 || got.Bad.Param != "response_format" || !strings.Contains(got.Bad.Message, "pattern") {
 		t.Errorf("bad schema: %+v", got.Bad)

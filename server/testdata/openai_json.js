@@ -41,6 +41,11 @@ async function main() {
   }
   out.stream = { parsed: JSON.parse(text), finish };
 
+  // A forced call: the story model knows no tools; the grammar writes one.
+  const tools = [{ type: "function", function: { name: "get_time", parameters: { type: "object", properties: { tz: { enum: ["CET", "UTC"] } }, required: ["tz"] } } }];
+  const t = await client.chat.completions.create({ model, messages, max_tokens: 100, tools, tool_choice: "required" });
+  out.tool = { finish: t.choices[0].finish_reason, calls: (t.choices[0].message.tool_calls || []).map((c) => [c.function.name, JSON.parse(c.function.arguments)]) };
+
   try {
     await client.chat.completions.create({ model, messages, response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "string", pattern: "^a" } } } });
     out.bad = { status: 200 };
