@@ -418,8 +418,9 @@ func (m *Matcher) Mask(logits []float32) error {
 		hi := min(w*64+64, n)
 		switch x {
 		case 0:
-			for i := w * 64; i < hi; i++ {
-				logits[i] = ninf
+			row := logits[w*64 : hi]
+			for i := range row {
+				row[i] = ninf
 			}
 		case ^uint64(0):
 			any = true
