@@ -134,7 +134,7 @@ func (e *Engine) scorePrompt(w *scheduled, rows []float32) {
 func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now time.Time) (int32, bool) {
 	c := &r.comps[index]
 	if c.text == nil {
-		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings)
+		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.r.ShowTokens...)
 	}
 	// Logprobs are of the raw model distribution (as vLLM reports them),
 	// taken before Sample edits the logits in place.
@@ -146,6 +146,10 @@ func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now 
 		top = topLogprobs(e.scratch, r.r.TopLogprobs)
 	}
 	tok := c.sampler.Sample(lg, history)
+	if err := c.sampler.Err(); err != nil { // the constraint allows no token
+		e.finishCompletion(r, Event{Index: index, Finish: FinishError, Err: fmt.Errorf("engine: request %q: %w", r.r.ID, err)})
+		return tok, true
+	}
 	if want {
 		lp = sample.Logprob(e.scratch, tok)
 	}
