@@ -33,7 +33,9 @@ func TestBlocks(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-ch
+	if ev, ok := <-ch; !ok || ev.Finish != FinishNone {
+		t.Fatalf("first event %+v (open %v)", ev, ok)
+	}
 	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer bcancel()
 	type blocksResult struct {
