@@ -208,9 +208,10 @@ func runServe(args []string) error {
 		}
 	}
 	c := m.Config
+	nkv, kd, vd := c.KVShape()
 	reg := prometheus.NewRegistry()
 	eng, err := engine.New(m, tok, engine.Config{
-		ModelName: *name, NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		ModelName: *name, NLayer: c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
