@@ -70,6 +70,20 @@ func (c *Config) KVShape() (nkv, kdim, vdim int) {
 	return c.NKVHead, c.HeadDim, c.HeadDim
 }
 
+// KVBytesPerToken is the KV cache bytes one token takes over all layers
+// with elemSize-byte values, and mha, what storing every query head's full
+// K and V would take: for MLA the multi-head equivalent of the latent (K
+// QKNope+QKRope, V VHeadDim per head), otherwise the model without GQA.
+func (c *Config) KVBytesPerToken(elemSize int) (cache, mha int64) {
+	nkv, kd, vd := c.KVShape()
+	per := int64(c.NLayer) * int64(elemSize)
+	cache = per * int64(nkv*(kd+vd))
+	if c.MLA {
+		return cache, per * int64(c.NHead*(c.QKNope+c.QKRope+c.VHeadDim))
+	}
+	return cache, per * int64(c.NHead*2*c.HeadDim)
+}
+
 // AttnHeadDim is the per-head width attention scores are scaled by: the
 // head dimension, or for MLA the query/key head (unrotated plus rope part).
 func (c *Config) AttnHeadDim() int {
