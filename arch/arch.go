@@ -30,6 +30,9 @@ type Dims struct {
 	// QKRope a query/key head's unrotated and rotated parts, VHead the
 	// value head width.
 	QLoRA, KVLoRA, QKNope, QKRope, VHead int
+	// KVBCombined: the checkpoint stores MLA's per-head up-projections as
+	// one attn_kv_b (older conversions) rather than attn_k_b and attn_v_b.
+	KVBCombined bool
 }
 
 // Role is what a tensor is for, whatever it is named: the binder puts it in

@@ -153,7 +153,7 @@ func TestMoETensors(t *testing.T) {
 		QLoRA: 12, KVLoRA: 8, QKNope: 4, QKRope: 2, VHead: 4}
 	ds := Lookup("deepseek2")
 	mla := []string{"attn_norm.weight", "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight",
-		"attn_kv_a_norm.weight", "attn_kv_b.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"}
+		"attn_kv_a_norm.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"}
 	dense := append(append([]string{}, mla...), "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
 	if got := names(ds, d, 0); !reflect.DeepEqual(got, dense) {
 		t.Errorf("deepseek2 layer 0:\n got %v\nwant %v", got, dense)
@@ -183,6 +183,11 @@ func TestMoETensors(t *testing.T) {
 	lite.QLoRA = 0
 	if got := names(ds, lite, 1)[1]; got != "attn_q.weight" {
 		t.Errorf("deepseek2 without q_lora: %s, want attn_q.weight", got)
+	}
+	old := lite
+	old.KVBCombined = true
+	if got := names(ds, old, 0)[4]; got != "attn_kv_b.weight" {
+		t.Errorf("deepseek2 with attn_kv_b: %v", names(ds, old, 0))
 	}
 	q2 := names(Lookup("qwen2moe"), d, 1)
 	if !reflect.DeepEqual(q2[len(q2)-4:], []string{"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight", "ffn_up_shexp.weight"}) {

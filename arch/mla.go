@@ -6,7 +6,7 @@ package arch
 // KV cache keeps. Queries come from attn_q or, with Dims.QLoRA > 0,
 // through a normed low rank (attn_q_a → attn_q_a_norm → attn_q_b). The
 // per-head up-projections are attn_k_b and attn_v_b, or in older files the
-// combined attn_kv_b; the loader requires one form. Rope is ggml's normal
+// combined attn_kv_b (Dims.KVBCombined). Rope is ggml's normal
 // (adjacent pairs) mode, on the rope part of q and on the rope key only.
 type MLA struct{}
 
@@ -26,6 +26,8 @@ func (MLA) Tensors() []Tensor {
 	nope := func(d Dims) int { return d.QKNope }
 	vh := func(d Dims) int { return d.VHead }
 	out := func(d Dims) int { return d.Heads * d.VHead }
+	combined := func(d Dims) bool { return d.KVBCombined }
+	split := func(d Dims) bool { return !d.KVBCombined }
 	lowRank := func(d Dims) bool { return d.QLoRA > 0 }
 	plain := func(d Dims) bool { return d.QLoRA == 0 }
 	return []Tensor{
@@ -36,9 +38,9 @@ func (MLA) Tensors() []Tensor {
 		{Name: "attn_q.weight", Role: AttnQ, Shape: mat(embd, q), When: plain},
 		{Name: "attn_kv_a_mqa.weight", Role: AttnKVA, Shape: mat(embd, kva)},
 		{Name: "attn_kv_a_norm.weight", Role: AttnKVANorm, Shape: vec(kvlora)},
-		{Name: "attn_kv_b.weight", Role: AttnKVB, Shape: mat(kvlora, kvb), Optional: true},
-		{Name: "attn_k_b.weight", Role: AttnKB, Shape: stack(nope, kvlora, heads), Optional: true},
-		{Name: "attn_v_b.weight", Role: AttnVB, Shape: stack(kvlora, vh, heads), Optional: true},
+		{Name: "attn_kv_b.weight", Role: AttnKVB, Shape: mat(kvlora, kvb), When: combined},
+		{Name: "attn_k_b.weight", Role: AttnKB, Shape: stack(nope, kvlora, heads), When: split},
+		{Name: "attn_v_b.weight", Role: AttnVB, Shape: stack(kvlora, vh, heads), When: split},
 		{Name: "attn_output.weight", Role: AttnOut, Shape: mat(out, embd)},
 	}
 }

@@ -58,6 +58,7 @@ type Config struct {
 	// serves as V (KVShape). QLoRA is the low-rank query width (0: attn_q).
 	MLA                                     bool
 	QLoRA, KVLoRA, QKNope, QKRope, VHeadDim int
+	KVBCombined                             bool // the file stores attn_kv_b, not attn_k_b/attn_v_b
 }
 
 // KVShape is what the KV cache stores per token and layer: nkv heads of
@@ -131,7 +132,8 @@ func (c *Config) dims() arch.Dims {
 	return arch.Dims{Embd: c.NEmbd, Heads: c.NHead, KVHeads: c.NKVHead, HeadDim: c.HeadDim, FFN: c.FFN,
 		Vocab: c.VocabSize, Bias: c.QKVBias, Tied: c.TiedOutput,
 		Experts: c.NExpert, ExpertFFN: c.ExpertFFN, SharedFFN: c.SharedFFN, DenseLead: c.NDenseLead,
-		QLoRA: c.QLoRA, KVLoRA: c.KVLoRA, QKNope: c.QKNope, QKRope: c.QKRope, VHead: c.VHeadDim}
+		QLoRA: c.QLoRA, KVLoRA: c.KVLoRA, QKNope: c.QKNope, QKRope: c.QKRope, VHead: c.VHeadDim,
+		KVBCombined: c.KVBCombined}
 }
 
 // Validate checks that the hyper-parameters are consistent, so a corrupt

@@ -327,6 +327,7 @@ func (c *Config) mlaFromGGUF(f *gguf.File, arch string) error {
 	}
 	c.QKNope, c.VHeadDim = qk-c.QKRope, v
 	c.NKVHead, c.HeadDim = 1, c.KVLoRA+c.QKRope
+	c.KVBCombined = f.Tensor("blk.0.attn_k_b.weight") == nil && f.Tensor("blk.0.attn_kv_b.weight") != nil
 	return nil
 }
 

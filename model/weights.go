@@ -211,17 +211,14 @@ func bind(src source, c *Config) (*Weights, error) {
 }
 
 // splitKVB gives an MLA layer its per-head KB and VB: as stored
-// (attn_k_b, attn_v_b), or cut from the combined attn_kv_b of older files,
+// (attn_k_b, attn_v_b; the binder checked them), or cut from the combined
+// attn_kv_b of older files,
 // whose rows are, per head, qk_nope key rows then v_head value rows over
 // the latent. KB is the transpose of the key rows (the absorbed form
 // multiplies q_nope into the latent), so both are rebuilt in F32.
 func splitKVB(src source, c *Config, li int, l *Layer) error {
-	if l.KB != nil && l.VB != nil {
-		return nil
-	}
 	if l.KVB == nil {
-		return fmt.Errorf("layer %d: neither %s and %s nor %s in the file", li, label(src, arch.BlockName(li, "attn_k_b.weight")),
-			label(src, arch.BlockName(li, "attn_v_b.weight")), label(src, arch.BlockName(li, "attn_kv_b.weight")))
+		return nil // stored split
 	}
 	kvl, nope, vh := c.KVLoRA, c.QKNope, c.VHeadDim
 	row := make([]float32, kvl)
@@ -270,6 +267,9 @@ func bindSlot(src source, t arch.Named, d arch.Dims, s slot) error {
 	case len(shape) == 1 && s.vec != nil:
 		*s.vec, err = bindVector(src, t.Name, shape[0])
 	case len(shape) == 2 && s.mat != nil:
+		if st, ok := src.tensor(t.Name); ok && t.Role == arch.FFNRouter && len(st.Dims) == 2 && st.Dims[1] != uint64(shape[1]) {
+			return fmt.Errorf("tensor %s routes to %d experts, but the metadata says expert_count %d", label(src, t.Name), st.Dims[1], shape[1])
+		}
 		*s.mat, err = bindMatrix(src, t.Name, shape[1], shape[0])
 	case len(shape) == 3 && s.stack != nil:
 		if st, ok := src.tensor(t.Name); ok && len(st.Dims) == 3 && st.Dims[2] != uint64(shape[2]) && isExperts(t.Role) {
