@@ -82,7 +82,9 @@ func TestMLACombinedKVB(t *testing.T) {
 				kb := f.Tensor(fmt.Sprintf("blk.%d.attn_k_b.weight", l)).Data
 				vb := f.Tensor(fmt.Sprintf("blk.%d.attn_v_b.weight", l)).Data
 				out := make([]byte, 4*heads*(nope+vh)*kvl)
-				put := func(row, col int, v float32) { binary.LittleEndian.PutUint32(out[4*(row*kvl+col):], math.Float32bits(v)) }
+				put := func(row, col int, v float32) {
+					binary.LittleEndian.PutUint32(out[4*(row*kvl+col):], math.Float32bits(v))
+				}
 				for h := 0; h < heads; h++ {
 					for j := 0; j < nope; j++ {
 						for r := 0; r < kvl; r++ {
