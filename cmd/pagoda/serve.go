@@ -220,6 +220,9 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	if c.NExpert > 0 {
+		reg.MustRegister(engine.NewExpertCollector(m, *name))
+	}
 	eng.Start()
 	backend, err := server.NewEngineBackend(eng, tok, *name, c.ContextLen, tmpl)
 	if err != nil {
