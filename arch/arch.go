@@ -265,10 +265,13 @@ func (a *Arch) BlockOrder(suffix string) int {
 }
 
 // Params counts the weights of a model with these dims (optional tensors
-// included, the embedding once when tied).
+// left out, the embedding once when tied).
 func (a *Arch) Params(d Dims, layers int) int64 {
 	var n int64
 	for _, t := range a.Tensors(d, layers) {
+		if t.Optional {
+			continue
+		}
 		p := int64(1)
 		for _, x := range t.Shape(d) {
 			p *= int64(x)
