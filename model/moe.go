@@ -19,6 +19,7 @@ type moeScratch struct {
 	rows        [][]int32 // per expert: the batch rows routed to it
 	wts         [][]float32
 	xin, g, u   []float32 // gathered inputs, gate and up of one expert
+	active      []int     // decode: the selected experts
 	out         []float32
 	shG, shU    []float32
 }
@@ -36,7 +37,10 @@ func (moeFFN) forward(m *Model, li int, b *Batch, _ KVCache) {
 
 	out := s.o[:T*d]
 	clear(out)
-	for e := 0; e < E; e++ {
+	if T == 1 {
+		m.decodeExperts(ms, l, li, s.xn[:d], out)
+	}
+	for e := 0; e < E && T > 1; e++ {
 		rows := ms.rows[e]
 		n := len(rows)
 		if n == 0 {
@@ -56,8 +60,7 @@ func (moeFFN) forward(m *Model, li int, b *Batch, _ KVCache) {
 				o[t] += w * y[t]
 			}
 		}
-		m.experts[li*E+e].Add(uint64(n))
-		m.expertBytes.Add(uint64(len(l.GateExps[e].Data) + len(l.UpExps[e].Data) + len(l.DownExps[e].Data)))
+		m.countExpert(l, li, e, n)
 	}
 	if l.UpShexp != nil {
 		SF := l.UpShexp.Rows
@@ -77,6 +80,46 @@ func (moeFFN) forward(m *Model, li int, b *Batch, _ KVCache) {
 		}
 	}
 	addTo(s.x, out)
+}
+
+// decodeExperts runs the selected experts of a single token: their gate
+// and up products share the input, so they run as one parallel region
+// (MatMulN over 2·NExpertUsed matrices), then each expert's down product.
+func (m *Model) decodeExperts(ms *moeScratch, l *Layer, li int, xn, out []float32) {
+	c := &m.Config
+	d, F := c.NEmbd, c.ExpertFFN
+	var ws []*kernels.Matrix
+	var outs [][]float32
+	ms.g, ms.u, ms.out = grow(ms.g, c.NExpertUsed*F), grow(ms.u, c.NExpertUsed*F), grow(ms.out, d)
+	k := 0
+	experts := ms.active[:0]
+	for e, rows := range ms.rows {
+		if len(rows) == 0 {
+			continue
+		}
+		ws = append(ws, l.GateExps[e], l.UpExps[e])
+		outs = append(outs, ms.g[k*F:(k+1)*F], ms.u[k*F:(k+1)*F])
+		experts = append(experts, e)
+		k++
+	}
+	ms.active = experts
+	m.ops.MatMulN(m.pool, ws, xn, outs, 1)
+	m.ops.SiLUMul(ms.g[:k*F], ms.g[:k*F], ms.u[:k*F])
+	for j, e := range experts {
+		m.ops.MatMul(m.pool, l.DownExps[e], ms.g[j*F:(j+1)*F], ms.out, 1)
+		w := ms.wts[e][0]
+		for t := range out {
+			out[t] += w * ms.out[t]
+		}
+		m.countExpert(l, li, e, 1)
+	}
+}
+
+// countExpert records that expert e of layer li served n tokens, reading
+// its three matrices once.
+func (m *Model) countExpert(l *Layer, li, e, n int) {
+	m.experts[li*m.Config.NExpert+e].Add(uint64(n))
+	m.expertBytes.Add(uint64(len(l.GateExps[e].Data) + len(l.UpExps[e].Data) + len(l.DownExps[e].Data)))
 }
 
 // route turns the router logits of T tokens into each expert's rows and
