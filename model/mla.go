@@ -49,32 +49,41 @@ func (mlaAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 		}
 	}
 	// Absorb: q̃_h = KB_h·q_nope_h, then the head's rope part after it.
+	// The heads run in one parallel region, each head's product inline
+	// on its worker (a decode step would otherwise pay a barrier per head).
 	ms.qt = grow(ms.qt, T*H*kd)
-	ms.gin, ms.gout = grow(ms.gin, T*max(nope, kvl)), grow(ms.gout, T*max(kvl, vh))
-	for h := 0; h < H; h++ {
-		for i := 0; i < T; i++ {
-			copy(ms.gin[i*nope:(i+1)*nope], ms.q[i*H*qk+h*qk:])
+	gw := T * max(nope, kvl, vh)
+	ms.gin, ms.gout = grow(ms.gin, H*gw), grow(ms.gout, H*gw)
+	m.pool.For(H, 1, func(lo, hi int) {
+		for h := lo; h < hi; h++ {
+			gin, gout := ms.gin[h*gw:(h+1)*gw], ms.gout[h*gw:(h+1)*gw]
+			for i := 0; i < T; i++ {
+				copy(gin[i*nope:(i+1)*nope], ms.q[i*H*qk+h*qk:])
+			}
+			m.ops.MatMul(m.pool, l.KB[h], gin, gout, T)
+			for i := 0; i < T; i++ {
+				o := i*H*kd + h*kd
+				copy(ms.qt[o:o+kvl], gout[i*kvl:(i+1)*kvl])
+				copy(ms.qt[o+kvl:o+kd], ms.q[i*H*qk+h*qk+nope:i*H*qk+(h+1)*qk])
+			}
 		}
-		m.ops.MatMul(m.pool, l.KB[h], ms.gin, ms.gout, T)
-		for i := 0; i < T; i++ {
-			o := i*H*kd + h*kd
-			copy(ms.qt[o:o+kvl], ms.gout[i*kvl:(i+1)*kvl])
-			copy(ms.qt[o+kvl:o+kd], ms.q[i*H*qk+h*qk+nope:i*H*qk+(h+1)*qk])
-		}
-	}
+	})
 	ms.att = grow(ms.att, T*H*kd)
 	m.attend(li, b, kv, ms.qt, ms.kv, ms.kv, ms.att, m.AttnParams())
 	// Decompress the latent outputs: o_h = VB_h·õ_h.
 	ms.vo = grow(ms.vo, T*H*vh)
-	for h := 0; h < H; h++ {
-		for i := 0; i < T; i++ {
-			copy(ms.gin[i*kvl:(i+1)*kvl], ms.att[i*H*kd+h*kd:])
+	m.pool.For(H, 1, func(lo, hi int) {
+		for h := lo; h < hi; h++ {
+			gin, gout := ms.gin[h*gw:(h+1)*gw], ms.gout[h*gw:(h+1)*gw]
+			for i := 0; i < T; i++ {
+				copy(gin[i*kvl:(i+1)*kvl], ms.att[i*H*kd+h*kd:])
+			}
+			m.ops.MatMul(m.pool, l.VB[h], gin, gout, T)
+			for i := 0; i < T; i++ {
+				copy(ms.vo[i*H*vh+h*vh:i*H*vh+(h+1)*vh], gout[i*vh:(i+1)*vh])
+			}
 		}
-		m.ops.MatMul(m.pool, l.VB[h], ms.gin, ms.gout, T)
-		for i := 0; i < T; i++ {
-			copy(ms.vo[i*H*vh+h*vh:i*H*vh+(h+1)*vh], ms.gout[i*vh:(i+1)*vh])
-		}
-	}
+	})
 	m.ops.MatMul(m.pool, l.O, ms.vo, s.o, T)
 	addTo(s.x, s.o[:T*d])
 }

@@ -82,15 +82,15 @@ func (moeFFN) forward(m *Model, li int, b *Batch, _ KVCache) {
 	addTo(s.x, out)
 }
 
-// decodeExperts runs the selected experts of a single token: their gate
-// and up products share the input, so they run as one parallel region
-// (MatMulN over 2·NExpertUsed matrices), then each expert's down product.
+// decodeExperts runs the selected experts of a single token in two
+// parallel regions: their gate and up products share the input (MatMulN
+// over 2·NExpertUsed matrices), then the down products, one per worker.
 func (m *Model) decodeExperts(ms *moeScratch, l *Layer, li int, xn, out []float32) {
 	c := &m.Config
 	d, F := c.NEmbd, c.ExpertFFN
 	var ws []*kernels.Matrix
 	var outs [][]float32
-	ms.g, ms.u, ms.out = grow(ms.g, c.NExpertUsed*F), grow(ms.u, c.NExpertUsed*F), grow(ms.out, d)
+	ms.g, ms.u = grow(ms.g, c.NExpertUsed*F), grow(ms.u, c.NExpertUsed*F)
 	k := 0
 	experts := ms.active[:0]
 	for e, rows := range ms.rows {
@@ -105,11 +105,18 @@ func (m *Model) decodeExperts(ms *moeScratch, l *Layer, li int, xn, out []float3
 	ms.active = experts
 	m.ops.MatMulN(m.pool, ws, xn, outs, 1)
 	m.ops.SiLUMul(ms.g[:k*F], ms.g[:k*F], ms.u[:k*F])
+	// The down products have different inputs, so one parallel region
+	// over the experts runs them, each product inline on its worker.
+	ms.out = grow(ms.out, k*d)
+	m.pool.For(k, 1, func(lo, hi int) {
+		for j := lo; j < hi; j++ {
+			m.ops.MatMul(m.pool, l.DownExps[experts[j]], ms.g[j*F:(j+1)*F], ms.out[j*d:(j+1)*d], 1)
+		}
+	})
 	for j, e := range experts {
-		m.ops.MatMul(m.pool, l.DownExps[e], ms.g[j*F:(j+1)*F], ms.out, 1)
-		w := ms.wts[e][0]
+		w, y := ms.wts[e][0], ms.out[j*d:(j+1)*d]
 		for t := range out {
-			out[t] += w * ms.out[t]
+			out[t] += w * y[t]
 		}
 		m.countExpert(l, li, e, 1)
 	}
