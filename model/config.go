@@ -1,7 +1,9 @@
 // Package model holds the transformer forward pass for the llama family
-// (Llama 1/2/3, TinyLlama, Mistral, Qwen2, Qwen3) over weights kept in their
-// stored format, and the loaders that bind GGUF, llama2.c and Hugging Face
-// checkpoints onto the same weights.
+// (Llama 1/2/3, TinyLlama, Mistral, Qwen2, Qwen3), the mixture-of-experts
+// models (Mixtral, Qwen2-MoE, Qwen3-MoE, OLMoE, DeepSeek-V2/V3 with
+// multi-head latent attention) over weights kept in their stored format,
+// and the loaders that bind GGUF, llama2.c and Hugging Face checkpoints
+// onto the same weights (mixture-of-experts and MLA from GGUF only).
 package model
 
 import (
@@ -15,7 +17,7 @@ import (
 // Config is the architecture and hyper-parameters of a model, whatever
 // format it came from.
 type Config struct {
-	Arch       string // llama, qwen2, qwen3 (mistral loads as llama)
+	Arch       string // a registered GGUF architecture (mistral loads as llama)
 	NLayer     int
 	NEmbd      int
 	NHead      int
