@@ -255,6 +255,9 @@ func (c *Config) moeFromGGUF(f *gguf.File, arch string, decl *archpkg.Arch, opt 
 	if decl.MoE == nil {
 		return fmt.Errorf("architecture %q has %d experts but no mixture-of-experts form", arch, c.NExpert)
 	}
+	if f.Tensor("blk.0.ffn_gate.0.weight") != nil && f.Tensor("blk.0.ffn_gate_exps.weight") == nil {
+		return fmt.Errorf("tensor \"blk.0.ffn_gate.0.weight\": experts stored one tensor each (an old Mixtral conversion); re-convert with 3-D ffn_*_exps tensors")
+	}
 	c.NExpertUsed = u("expert_used_count")
 	c.ExpertFFN = c.FFN
 	if v, ok := opt("expert_feed_forward_length"); ok {

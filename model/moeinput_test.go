@@ -39,6 +39,11 @@ func TestMoEBadInput(t *testing.T) {
 			[]string{`"blk.0.ffn_gate_exps.weight"`, "shape [128 32 8], want [128 48 8]"}},
 		{"MoE architecture without experts", "g-qwen3moe.F32.gguf", ggufEdit{set: map[string]any{"qwen3moe.expert_count": uint32(0)}},
 			[]string{"qwen3moe.expert_count > 0"}},
+		{"experts one tensor each", "g-mixtral.F32.gguf", ggufEdit{tensor: func(ti *gguf.TensorInfo) (quant.Type, []uint64, []byte, bool) {
+			return ti.Type, ti.Dims, ti.Data, !strings.HasPrefix(ti.Name, "blk.0.ffn_gate_exps")
+		}, add: func(w *gguf.Writer) error {
+			return w.AddTensor("blk.0.ffn_gate.0.weight", quant.F32, []uint64{128, 32}, make([]byte, 4*128*32))
+		}}, []string{`"blk.0.ffn_gate.0.weight"`, "one tensor each"}},
 		{"YaRN not supported", "g-deepseek2.F32.gguf", ggufEdit{set: map[string]any{"deepseek2.rope.scaling.type": "yarn",
 			"deepseek2.rope.scaling.factor": float32(40)}}, []string{`rope.scaling.type "yarn"`, "not supported"}},
 	} {
