@@ -68,7 +68,14 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 		m.ownPool = true
 	}
 	// Repack into the kernels' layouts now, so the first request does not
-	// pay for it (the plain Go set packs nothing).
+	// pay for it (the plain Go set packs nothing). Stacks (a layer's
+	// experts, MLA's per-head matrices) share one allocation each, so that
+	// matrices too small for huge pages alone get them together.
+	for _, l := range w.Layers {
+		for _, st := range [][]*kernels.Matrix{l.GateExps, l.UpExps, l.DownExps, l.KB, l.VB} {
+			m.ops.PrepackStack(m.pool, st)
+		}
+	}
 	mats := w.Matrices()
 	for i, mat := range mats {
 		if mat != w.Embd || c.TiedOutput {
