@@ -63,11 +63,14 @@ func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
 		panic(err)
 	}
 	hb := dim / qk * f.qtype().TypeSize()
-	p := &blockPages{t: f.qtype(), ops: ops, dim: dim, headBytes: hb, rowBytes: heads * hb, pageBytes: tokens * heads * hb}
+	p := &blockPages{t: f.qtype(), dim: dim, headBytes: hb, rowBytes: heads * hb, pageBytes: tokens * heads * hb}
 	p.data = make([]byte, n*p.pageBytes)
-	p.dequant = dequantQ8_0
+	if ops == nil {
+		ops = kernels.Best()
+	}
+	p.attn = ops.AttnQ8_0()
 	if f == Q4_0 {
-		p.dequant = dequantQ4_0
+		p.attn = ops.AttnQ4_0()
 	}
 	return p
 }
@@ -88,17 +91,15 @@ func ParseFormat(s string) (Format, error) {
 	return d, nil
 }
 
-// blockPages stores rows as ggml blocks. Scores and Mix expand one block
-// at a time into a stack buffer and run the f32 kernels over it, so no
-// page is ever expanded whole and concurrent Attends share no scratch.
-// TODO(perf): a fused int8×f32 SIMD dot would skip the expansion.
+// blockPages stores rows as ggml blocks. Scores and Mix read the blocks
+// in place with the fused kernels of package kernels (int8 or nibbles
+// times the query, one scale per block), never expanding a row to floats.
 type blockPages struct {
 	t                              quant.Type
-	ops                            *kernels.Ops
 	dim                            int
 	headBytes, rowBytes, pageBytes int
 	data                           []byte
-	dequant                        func(b []byte, y *[qk]float32)
+	attn                           kernels.BlockAttn
 }
 
 // nanF16 is the scale a block with a NaN or Inf gets: the row reads back
@@ -134,56 +135,32 @@ func (p *blockPages) head(page, t, h int) []byte {
 	return p.data[o : o+p.headBytes]
 }
 
+// rows is the byte range holding head's rows [from, to) of page.
+func (p *blockPages) rows(page, head, from, to int) []byte {
+	lo := page*p.pageBytes + from*p.rowBytes + head*p.headBytes
+	return p.data[lo : lo+(to-from-1)*p.rowBytes+p.headBytes]
+}
+
 func (p *blockPages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
-	ts, nq := p.t.TypeSize(), len(q)/p.dim
-	var y [qk]float32
-	for t := from; t < to; t++ {
-		k := p.head(page, t, head)
-		for j := 0; j < nq; j++ {
-			s[j*ss+t-from] = 0
-		}
-		for b := 0; b*ts < len(k); b++ {
-			p.dequant(k[b*ts:], &y)
-			for j := 0; j < nq; j++ {
-				s[j*ss+t-from] += p.ops.DotF32(q[j*p.dim+b*qk:][:qk], y[:])
-			}
-		}
+	if to <= from {
+		return
+	}
+	k := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(q); j++ {
+		p.attn.Scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], k, p.rowBytes)
 	}
 }
 
 func (p *blockPages) Mix(out, w []float32, ws int, page, head, from, to int) {
-	ts, nq := p.t.TypeSize(), len(out)/p.dim
-	var y [qk]float32
-	for t := from; t < to; t++ {
-		v := p.head(page, t, head)
-		for b := 0; b*ts < len(v); b++ {
-			p.dequant(v[b*ts:], &y)
-			for j := 0; j < nq; j++ {
-				p.ops.AxpyF32(out[j*p.dim+b*qk:][:qk], w[j*ws+t-from], y[:])
-			}
-		}
+	if to <= from {
+		return
+	}
+	v := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(out); j++ {
+		p.attn.Mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], v, p.rowBytes)
 	}
 }
 
 func (p *blockPages) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageBytes:(dst+1)*p.pageBytes], p.data[src*p.pageBytes:(src+1)*p.pageBytes])
-}
-
-// dequantQ8_0 and dequantQ4_0 expand one block as quant.Dequantize does,
-// to the bit (the tests hold them to it), without its per-call checks.
-func dequantQ8_0(b []byte, y *[qk]float32) {
-	d := quant.F16ToF32(binary.LittleEndian.Uint16(b))
-	qs := b[2 : 2+qk]
-	for j := range y {
-		y[j] = float32(int8(qs[j])) * d
-	}
-}
-
-func dequantQ4_0(b []byte, y *[qk]float32) {
-	d := quant.F16ToF32(binary.LittleEndian.Uint16(b))
-	qs := b[2 : 2+qk/2]
-	for j := 0; j < qk/2; j++ {
-		y[j] = float32(int32(qs[j]&0xf)-8) * d
-		y[j+qk/2] = float32(int32(qs[j]>>4)-8) * d
-	}
 }

@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"pagoda/kernels"
 	"pagoda/model"
 	"pagoda/quant"
 )
@@ -69,14 +70,22 @@ func TestBlockFormatNaN(t *testing.T) {
 }
 
 // TestBlockFormatAttention: attention through the cache with q8_0 and
-// q4_0 K/V matches float64 attention over the dequantized rows tightly;
-// against the f32 originals the quantization error is reported.
+// q4_0 K/V, read in place by every instruction set's fused kernels,
+// matches float64 attention over the dequantized rows tightly; against
+// the f32 originals the quantization error is reported.
 func TestBlockFormatAttention(t *testing.T) {
+	for _, isa := range kernels.ISAs() {
+		ops, _ := kernels.ForISA(isa)
+		t.Run(isa, func(t *testing.T) { testBlockFormatAttention(t, ops) })
+	}
+}
+
+func testBlockFormatAttention(t *testing.T, ops *kernels.Ops) {
 	p := model.AttnParams{NHead: 8, NKVHead: 2, HeadDim: 64, Scale: 0.125}
 	const n = 37
 	for _, f := range []BlockFormat{Q8_0, Q4_0} {
 		r := rand.New(rand.NewPCG(7, 8))
-		c, err := New(Config{NLayer: 1, NKVHead: 2, HeadDim: 64, BlockSize: 16, NumBlocks: 8, KFormat: f, VFormat: f})
+		c, err := New(Config{NLayer: 1, NKVHead: 2, HeadDim: 64, BlockSize: 16, NumBlocks: 8, KFormat: f, VFormat: f, Ops: ops})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -1,0 +1,5 @@
+//go:build !amd64 || purego
+
+package kernels
+
+func blockAttnFor(isa string, bb int) BlockAttn { return blockAttnRef(bb) }
