@@ -181,3 +181,24 @@ func TestRegister(t *testing.T) {
 		t.Errorf("window 8: KL %g, peak %d bytes (full f32 %d)", win.KLMean, win.PeakBytes, full.PeakBytes)
 	}
 }
+
+// TestStoriesKIVI: on stories260K (a text of about 100 tokens, so a
+// residual of 32), 4-bit KIVI loses less than 2-bit; with no residual
+// window (r=0) every group is quantized and the loss is larger; and at 2 bits keys quantized per channel (KIVI) lose less than
+// keys quantized per token, the claim KIVI rests on.
+func TestStoriesKIVI(t *testing.T) {
+	m, ids := openStories(t)
+	rep, err := Run(m, ids, mustParse(t, "kivi4:r=32", "kivi2:r=32", "kivi2:r=0", "kivi2:r=0,k=token"), Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	k4, k2, k2r0, k2tok := byName(t, rep, "kivi4:r=32"), byName(t, rep, "kivi2:r=32"), byName(t, rep, "kivi2:r=0"), byName(t, rep, "kivi2:r=0,k=token")
+	t.Logf("KL kivi4 %.3g kivi2 %.3g kivi2:r=0 %.3g kivi2:r=0,k=token %.3g", k4.KLMean, k2.KLMean, k2r0.KLMean, k2tok.KLMean)
+	if !(0 < k4.KLMean && k4.KLMean < k2.KLMean && k2.KLMean < k2r0.KLMean && 2*k2r0.KLMean < k2tok.KLMean) {
+		t.Errorf("KL kivi4 %g, kivi2 %g, kivi2:r=0 %g, per-token keys %g: want increasing, per-token keys over twice per-channel",
+			k4.KLMean, k2.KLMean, k2r0.KLMean, k2tok.KLMean)
+	}
+	if !(k2r0.BytesPerToken < k2.BytesPerToken) {
+		t.Errorf("bytes/token: r=0 %g, r=128 %g", k2r0.BytesPerToken, k2.BytesPerToken)
+	}
+}

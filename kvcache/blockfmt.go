@@ -75,9 +75,12 @@ func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
 	return p
 }
 
-// ParseFormat reads a KV storage format: a float DType (see ParseDType)
-// or q8_0 / q4_0.
+// ParseFormat reads a KV storage format: a float DType (see ParseDType),
+// q8_0 / q4_0, or kivi2 / kivi4 with options (see KIVI).
 func ParseFormat(s string) (Format, error) {
+	if strings.HasPrefix(strings.ToLower(s), "kivi") {
+		return parseKIVI(s)
+	}
 	switch strings.ToLower(s) {
 	case "q8_0", "q8":
 		return Q8_0, nil
@@ -86,7 +89,7 @@ func ParseFormat(s string) (Format, error) {
 	}
 	d, err := ParseDType(s)
 	if err != nil {
-		return nil, fmt.Errorf("kvcache: unknown KV format %q (want f16, f32, bf16, q8_0 or q4_0)", s)
+		return nil, fmt.Errorf("kvcache: unknown KV format %q (want f16, f32, bf16, q8_0, q4_0, kivi2 or kivi4)", s)
 	}
 	return d, nil
 }
