@@ -16,9 +16,16 @@ import (
 type BlockFormat uint8
 
 const (
-	Q8_0 BlockFormat = iota + 1 // 8.5 bits an element: f16 d + 32 int8
-	Q4_0                        // 4.5 bits an element: f16 d + 16 bytes of nibbles
+	Q8_0   BlockFormat = iota + 1 // 8.5 bits an element: f16 d + 32 int8
+	Q4_0                          // 4.5 bits an element: f16 d + 16 bytes of nibbles
+	Q4_1                          // 5 bits: f16 d and min + nibbles
+	Q5_0                          // 5.5 bits: f16 d + nibbles + 32 high bits
+	Q5_1                          // 6 bits: f16 d and min + nibbles + high bits
+	IQ4_NL                        // 4.5 bits: f16 d + nibbles indexing a non-linear table
 )
+
+// blockFormats are the block formats by name, in ggml's spelling.
+var blockFormats = []BlockFormat{Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL}
 
 // qk is the elements per block of both formats.
 const qk = 32
@@ -29,16 +36,21 @@ func (f BlockFormat) qtype() quant.Type {
 		return quant.Q8_0
 	case Q4_0:
 		return quant.Q4_0
+	case Q4_1:
+		return quant.Q4_1
+	case Q5_0:
+		return quant.Q5_0
+	case Q5_1:
+		return quant.Q5_1
+	case IQ4_NL:
+		return quant.IQ4_NL
 	}
 	panic(fmt.Sprintf("kvcache: no block format %d", f))
 }
 
 func (f BlockFormat) String() string {
-	switch f {
-	case Q8_0:
-		return "q8_0"
-	case Q4_0:
-		return "q4_0"
+	if f >= Q8_0 && f <= IQ4_NL {
+		return strings.ToLower(f.qtype().String())
 	}
 	return fmt.Sprintf("BlockFormat(%d)", f)
 }
@@ -68,9 +80,13 @@ func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
 	if ops == nil {
 		ops = kernels.Best()
 	}
-	p.attn = ops.AttnQ8_0()
-	if f == Q4_0 {
+	switch f {
+	case Q8_0:
+		p.attn = ops.AttnQ8_0()
+	case Q4_0:
 		p.attn = ops.AttnQ4_0()
+	default:
+		p.attn = dequantAttn(p.t, ops)
 	}
 	return p
 }
@@ -82,14 +98,19 @@ func ParseFormat(s string) (Format, error) {
 		return parseKIVI(s)
 	}
 	switch strings.ToLower(s) {
-	case "q8_0", "q8":
+	case "q8":
 		return Q8_0, nil
-	case "q4_0", "q4":
+	case "q4":
 		return Q4_0, nil
+	}
+	for _, f := range blockFormats {
+		if strings.EqualFold(s, f.String()) {
+			return f, nil
+		}
 	}
 	d, err := ParseDType(s)
 	if err != nil {
-		return nil, fmt.Errorf("kvcache: unknown KV format %q (want f16, f32, bf16, q8_0, q4_0, kivi2 or kivi4)", s)
+		return nil, fmt.Errorf("kvcache: unknown KV format %q (want f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, kivi2 or kivi4)", s)
 	}
 	return d, nil
 }
@@ -166,4 +187,40 @@ func (p *blockPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 
 func (p *blockPages) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageBytes:(dst+1)*p.pageBytes], p.data[src*p.pageBytes:(src+1)*p.pageBytes])
+}
+
+// dequantAttn scores and mixes rows of a block format without a fused
+// kernel (q4_1, q5_0, q5_1, iq4_nl): one row at a time is expanded into
+// a stack buffer and run through the float kernels — never the page.
+func dequantAttn(t quant.Type, ops *kernels.Ops) kernels.BlockAttn {
+	ts := t.TypeSize()
+	row := func(buf *[256]float32, n int) []float32 {
+		if n <= len(buf) {
+			return buf[:n]
+		}
+		return make([]float32, n)
+	}
+	deq := func(b []byte, x []float32) {
+		if err := quant.Dequantize(t, b, x); err != nil {
+			panic(err)
+		}
+	}
+	return kernels.BlockAttn{
+		Scores: func(s, q []float32, k []byte, stride int) {
+			var buf [256]float32
+			x, rb := row(&buf, len(q)), len(q)/qk*ts
+			for i := range s {
+				deq(k[i*stride:i*stride+rb], x)
+				s[i] = ops.DotF32(q, x)
+			}
+		},
+		Mix: func(out, w []float32, v []byte, stride int) {
+			var buf [256]float32
+			x, rb := row(&buf, len(out)), len(out)/qk*ts
+			for i, a := range w {
+				deq(v[i*stride:i*stride+rb], x)
+				ops.AxpyF32(out, a, x)
+			}
+		},
+	}
 }
