@@ -274,3 +274,39 @@ func TestKIVIErrors(t *testing.T) {
 		t.Errorf("round trip: %v %v", f, err)
 	}
 }
+
+// TestSizeOf: bytes a token per format on Llama-2-7B's shape, and the
+// 4096-token sequences a 16 GiB budget holds.
+func TestSizeOf(t *testing.T) {
+	s, _ := LookupShape("llama-2-7b")
+	f16 := SizeOf(s, F16, F16, 0)
+	if f16.BytesPerToken != 512*1024 || f16.ResidualPerSeq != 0 {
+		t.Fatalf("f16: %+v", f16)
+	}
+	for name, ratio := range map[string]float64{"f32": 2, "q8_0": 8.5 / 16, "q4_0": 4.5 / 16, "q5_1": 6.0 / 16, "iq4_nl": 4.5 / 16,
+		// kivi2: 2-bit codes; keys 32 bits of scales a channel per 32 tokens,
+		// values 32 bits a token per head of 128: 5.25 bits against 32.
+		"kivi2": (2 + 32.0/32 + 2 + 32.0/128) / 32} {
+		f, err := ParseFormat(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		fs := SizeOf(s, f, f, 0)
+		if fs.Err != nil || math.Abs(fs.BytesPerToken-f16.BytesPerToken*ratio) > 1e-6 {
+			t.Errorf("%s: %g bytes a token (%v), want %g", name, fs.BytesPerToken, fs.Err, f16.BytesPerToken*ratio)
+		}
+	}
+	k2 := SizeOf(s, DefaultKIVI(2), DefaultKIVI(2), 0)
+	if want := int64(32 * 2 * (128 + 31) * 32 * 128 * 2); k2.ResidualPerSeq != want {
+		t.Errorf("kivi2 residual %d, want %d", k2.ResidualPerSeq, want)
+	}
+	n16, _ := f16.SeqsThatFit(16<<30, 4096)
+	n2, _ := k2.SeqsThatFit(16<<30, 4096)
+	if n16 != 8 || n2 < 4*n16 {
+		t.Errorf("4096-token sequences in 16 GiB: f16 %d, kivi2 %d", n16, n2)
+	}
+	st, _ := LookupShape("stories260k")
+	if fs := SizeOf(st, Q8_0, Q8_0, 0); fs.Err == nil {
+		t.Error("q8_0 on head dim 8 sized without error")
+	}
+}

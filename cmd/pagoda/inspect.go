@@ -10,6 +10,7 @@ import (
 	"pagoda/gguf"
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/progress"
 )
 
 func init() {
@@ -90,6 +91,23 @@ func runInspect(args []string) error {
 	f16 := kvcache.KVBytesPerToken(shape, kvcache.F16)
 	fmt.Fprintf(w, "KV per token  %d bytes f16, %d bytes f32 (%.1f MB f16 at full context)\n",
 		f16, kvcache.KVBytesPerToken(shape, kvcache.F32), float64(f16*int64(c.ContextLen))/1e6)
+	var per []string
+	for _, name := range kvcache.FormatNames() {
+		f, err := kvcache.ParseFormat(name)
+		if err != nil {
+			return err
+		}
+		fs := kvcache.SizeOf(shape, f, f, 0)
+		switch {
+		case fs.Err != nil:
+			per = append(per, name+" n/a")
+		case fs.ResidualPerSeq > 0:
+			per = append(per, fmt.Sprintf("%s %.1f (+%s f16 residual a sequence)", name, fs.BytesPerToken, progress.Bytes(fs.ResidualPerSeq)))
+		default:
+			per = append(per, fmt.Sprintf("%s %.1f", name, fs.BytesPerToken))
+		}
+	}
+	fmt.Fprintf(w, "KV formats    bytes a token, scales included: %s\n", strings.Join(per, ", "))
 	if tok := m.Tokenizer(); tok != nil {
 		v := tok.Vocab()
 		fmt.Fprintf(w, "tokenizer     %s (pre %q), %d tokens, BOS %d EOS %d, add BOS %v\n", v.Model, v.Pre, v.Size(), v.BOS, v.EOS, v.AddBOS)
