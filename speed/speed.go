@@ -20,13 +20,19 @@ import (
 )
 
 // Test is one measurement: "pp" of N prompt tokens in batches, or "tg" of N
-// tokens decoded one at a time.
+// tokens decoded one at a time, after Depth tokens already in the cache.
 type Test struct {
-	Kind string // "pp" or "tg"
-	N    int
+	Kind  string // "pp" or "tg"
+	N     int
+	Depth int // tokens prefilled, untimed, before the measured ones
 }
 
-func (t Test) String() string { return fmt.Sprintf("%s%d", t.Kind, t.N) }
+func (t Test) String() string {
+	if t.Depth > 0 {
+		return fmt.Sprintf("%s%d @ d%d", t.Kind, t.N, t.Depth)
+	}
+	return fmt.Sprintf("%s%d", t.Kind, t.N)
+}
 
 // Result is one test's repetitions.
 type Result struct {
@@ -53,28 +59,57 @@ type Result struct {
 
 // Run measures t on m, reps times after one warm-up run.
 func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
+	return RunCache(m, t, reps, batch, nil)
+}
+
+// RunCache is Run on the KV caches newCache makes for n positions (nil:
+// the model's flat f32 cache).
+func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (model.KVCache, error)) (*Result, error) {
 	if t.N <= 0 || reps <= 0 {
 		return nil, fmt.Errorf("speed: %s: N and repetitions must be positive", t)
 	}
 	c := &m.Config
-	if t.N > c.ContextLen {
+	if t.Depth < 0 || t.N+t.Depth > c.ContextLen {
 		return nil, fmt.Errorf("speed: %s exceeds the context of %d", t, c.ContextLen)
+	}
+	if newCache == nil {
+		newCache = func(n int) (model.KVCache, error) { return m.NewFlatCache(1, n), nil }
 	}
 	if batch <= 0 {
 		batch = 512
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	toks := make([]int32, t.N)
+	toks := make([]int32, t.Depth+t.N)
 	for i := range toks {
 		toks[i] = int32(rng.IntN(c.VocabSize))
 	}
+	prompt := func(cache model.KVCache, from, to int) error {
+		for lo := from; lo < to; lo += batch {
+			hi := min(lo+batch, to)
+			b := &model.Batch{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
+			for i := range b.Pos {
+				b.Pos[i] = int32(lo + i)
+			}
+			if _, err := m.Forward(b, cache); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
 	once := func() (time.Duration, error) {
-		cache := m.NewFlatCache(1, t.N)
+		cache, err := newCache(t.Depth + t.N)
+		if err != nil {
+			return 0, err
+		}
+		// The depth is filled first and not timed (llama-bench -d).
+		if err := prompt(cache, 0, t.Depth); err != nil {
+			return 0, err
+		}
 		start := time.Now()
 		switch t.Kind {
 		case "pp":
-			for lo := 0; lo < t.N; lo += batch {
-				hi := min(lo+batch, t.N)
+			for lo := t.Depth; lo < t.Depth+t.N; lo += batch {
+				hi := min(lo+batch, t.Depth+t.N)
 				b := &model.Batch{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
 				for i := range b.Pos {
 					b.Pos[i] = int32(lo + i)
@@ -84,7 +119,7 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 				}
 			}
 		case "tg":
-			for i := 0; i < t.N; i++ {
+			for i := t.Depth; i < t.Depth+t.N; i++ {
 				b := &model.Batch{Tokens: toks[i : i+1], Pos: []int32{int32(i)}, Seq: []int32{0}}
 				if _, err := m.Forward(b, cache); err != nil {
 					return 0, err

@@ -47,7 +47,9 @@ func runBench(args []string) error {
 	batch := fs.Int("b", 512, "tokens per forward pass during pp")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
-	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}}); err != nil {
+	depth := fs.Int("d", 0, "tokens already in the KV cache before each test (filled untimed, like llama-bench -d)")
+	kvf := addKVFlags(fs)
+	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"d", 0, 1 << 24}}); err != nil {
 		return err
 	}
 	if *cpuProfile != "" {
@@ -75,26 +77,30 @@ func runBench(args []string) error {
 	var tests []speed.Test
 	for _, n := range pps {
 		if n > 0 {
-			tests = append(tests, speed.Test{Kind: "pp", N: n})
+			tests = append(tests, speed.Test{Kind: "pp", N: n, Depth: *depth})
 		}
 	}
 	for _, n := range tgs {
 		if n > 0 {
-			tests = append(tests, speed.Test{Kind: "tg", N: n})
+			tests = append(tests, speed.Test{Kind: "tg", N: n, Depth: *depth})
 		}
 	}
 	maxN := 0
 	for _, t := range tests {
 		maxN = max(maxN, t.N)
 	}
-	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN, 0)})
+	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN+*depth, 0)})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	newCache, err := kvf.newCache(m)
+	if err != nil {
+		return err
+	}
 	var rs []*speed.Result
 	for _, t := range tests {
-		r, err := speed.Run(m, t, *reps, *batch)
+		r, err := speed.RunCache(m, t, *reps, *batch, newCache)
 		if err != nil {
 			return err
 		}

@@ -81,6 +81,7 @@ func runRun(args []string) error {
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-generation tokens")
 	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
+	kvf := addKVFlags(fs)
 	var stops stringList
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
@@ -104,8 +105,12 @@ func runRun(args []string) error {
 	if tok == nil {
 		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", path)
 	}
+	newCache, err := kvf.newCache(m)
+	if err != nil {
+		return err
+	}
 	opts := generate.Options{MaxTokens: *maxTokens, Sampling: sf.params(), StopStrings: stops,
-		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP}
+		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP, NewCache: newCache}
 	if _, err := sample.New(opts.Sampling); err != nil {
 		return err
 	}
