@@ -14,7 +14,8 @@ var benchAttn = model.AttnParams{NHead: 32, NKVHead: 4, HeadDim: 64, Scale: 0.12
 // benchCache fills seqs sequences of ctx positions with random K/V.
 func benchCache(b *testing.B, seqs, ctx int, f Format) *Cache {
 	p := benchAttn
-	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, NumBlocks: seqs * (ctx/DefaultBlockSize + 1), KFormat: f, VFormat: f})
+	bs := FormatBlockSize(f)
+	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, BlockSize: bs, NumBlocks: seqs * (ctx/bs + 1), KFormat: f, VFormat: f})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -48,7 +49,7 @@ func benchQ(n int) []float32 {
 // included), per KV format.
 func BenchmarkAttendDecode(b *testing.B) {
 	for _, sc := range []struct{ seqs, ctx int }{{8, 512}, {2, 1024}, {2, 4096}} {
-		for _, f := range []Format{F16, Q8_0, Q4_0} {
+		for _, f := range []Format{F16, Q8_0, Q4_0, DefaultKIVI(4), DefaultKIVI(2)} {
 			b.Run(fmt.Sprintf("%s/ctx%d", f, sc.ctx), func(b *testing.B) { benchDecode(b, f, sc.seqs, sc.ctx) })
 		}
 	}

@@ -430,18 +430,28 @@ func (p *kiviPages) Scores(s []float32, ss int, q []float32, page, head, from, t
 			}
 			continue
 		}
+		// Per token: Σ_{c∈g} q_c once per group, the codes unpacked into
+		// qs and dotted with the SIMD kernel.
+		var sbuf [64]float32
+		sq := sbuf[:0]
+		if ngh := p.dim / p.cg; ngh <= len(sbuf) {
+			sq = sbuf[:ngh]
+		} else {
+			sq = make([]float32, ngh)
+		}
+		for g := range sq {
+			sq[g] = 0
+			for _, v := range qj[g*p.cg : (g+1)*p.cg] {
+				sq[g] += v
+			}
+		}
+		g0 := base / p.cg
 		for t := from; t < to; t++ {
-			codes := p.codes[page*p.codePage+t*p.codeRow:]
+			p.unpack(qs, page, t, base)
 			var acc float32
-			for g := base / p.cg; g < (base+p.dim)/p.cg; g++ {
-				var dq, sq float32
-				for c := g * p.cg; c < (g+1)*p.cg; c++ {
-					qc := qj[c-base]
-					dq += qc * p.getCode(codes, c)
-					sq += qc
-				}
-				mi := 2 * (t*ng + g)
-				acc += quant.F16ToF32(meta[mi])*dq + quant.F16ToF32(meta[mi+1])*sq
+			for g := range sq {
+				mi := 2 * (t*ng + g0 + g)
+				acc += quant.F16ToF32(meta[mi])*p.ops.DotF32(qj[g*p.cg:(g+1)*p.cg], qs[g*p.cg:(g+1)*p.cg]) + quant.F16ToF32(meta[mi+1])*sq[g]
 			}
 			out[t-from] = acc
 		}
@@ -496,30 +506,66 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 		if p.axis == PerChannel {
 			clear(acc)
 			var W float32
+			var xbuf [256]float32
+			x := xbuf[:0]
+			if p.dim <= len(xbuf) {
+				x = xbuf[:p.dim]
+			} else {
+				x = make([]float32, p.dim)
+			}
 			for t := from; t < to; t++ {
-				codes := p.codes[page*p.codePage+t*p.codeRow:]
+				p.unpack(x, page, t, base)
 				a := wj[t-from]
 				W += a
-				for c := range acc {
-					acc[c] += a * p.getCode(codes, base+c)
-				}
+				p.ops.AxpyF32(acc, a, x)
 			}
 			for c := range oj {
 				oj[c] += quant.F16ToF32(meta[2*(base+c)])*acc[c] + quant.F16ToF32(meta[2*(base+c)+1])*W
 			}
 			continue
 		}
+		// Per token: unpack the head's codes once, add scale·codes with
+		// the SIMD axpy, and gather the minimums per channel group.
+		var mbuf [64]float32
+		mg := mbuf[:0]
+		if ngh := p.dim / p.cg; ngh <= len(mbuf) {
+			mg = mbuf[:ngh]
+		} else {
+			mg = make([]float32, ngh)
+		}
+		g0 := base / p.cg
 		for t := from; t < to; t++ {
-			codes := p.codes[page*p.codePage+t*p.codeRow:]
+			p.unpack(acc, page, t, base)
 			a := wj[t-from]
-			for g := base / p.cg; g < (base+p.dim)/p.cg; g++ {
-				mi := 2 * (t*ng + g)
-				as, am := a*quant.F16ToF32(meta[mi]), a*quant.F16ToF32(meta[mi+1])
-				for c := g * p.cg; c < (g+1)*p.cg; c++ {
-					oj[c-base] += as*p.getCode(codes, c) + am
-				}
+			for g := range mg {
+				mi := 2 * (t*ng + g0 + g)
+				p.ops.AxpyF32(oj[g*p.cg:(g+1)*p.cg], a*quant.F16ToF32(meta[mi]), acc[g*p.cg:(g+1)*p.cg])
+				mg[g] += a * quant.F16ToF32(meta[mi+1])
 			}
 		}
+		for g, m := range mg {
+			for c := g * p.cg; c < (g+1)*p.cg; c++ {
+				oj[c] += m
+			}
+		}
+	}
+}
+
+// unpack writes the codes of slot t's channels base..base+len(x) as floats.
+func (p *kiviPages) unpack(x []float32, page, t, base int) {
+	codes := p.codes[page*p.codePage+t*p.codeRow:]
+	if p.f.Bits == 4 {
+		b := codes[base/2:]
+		for c := 0; c+1 < len(x); c += 2 {
+			v := b[c/2]
+			x[c], x[c+1] = float32(v&15), float32(v>>4)
+		}
+		return
+	}
+	b := codes[base/4:]
+	for c := 0; c+3 < len(x); c += 4 {
+		v := b[c/4]
+		x[c], x[c+1], x[c+2], x[c+3] = float32(v&3), float32(v>>2&3), float32(v>>4&3), float32(v>>6)
 	}
 }
 
