@@ -2,6 +2,7 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"encoding/csv"
 	"encoding/json"
 	"flag"
@@ -15,6 +16,7 @@ import (
 	"time"
 
 	"pagoda/eval"
+	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/progress"
 	"pagoda/tokenizer"
@@ -79,6 +81,14 @@ func runEval(args []string) error {
 		return err
 	}
 	defer m.Close()
+	c := m.Config
+	shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
+	for _, cf := range cfgs {
+		k, v := cmp.Or[kvcache.Format](cf.Setup.KFormat, kvcache.F32), cmp.Or[kvcache.Format](cf.Setup.VFormat, kvcache.F32)
+		if sz := kvcache.SizeOf(shape, k, v, cf.Setup.BlockSize); sz.Err != nil {
+			return fmt.Errorf("--kv %s: %w", cf.Name, sz.Err)
+		}
+	}
 	var ids []int32
 	switch {
 	case *tokens != "":
