@@ -202,3 +202,15 @@ func TestStoriesKIVI(t *testing.T) {
 		t.Errorf("bytes/token: r=0 %g, r=128 %g", k2r0.BytesPerToken, k2.BytesPerToken)
 	}
 }
+
+func TestWriteSVG(t *testing.T) {
+	var b strings.Builder
+	rep := &Report{Results: []Result{{Name: "f16", KLMean: 1e-6, BytesPerToken: 640}, {Name: "kivi2 <2b>", KLMean: 0.05, BytesPerToken: 180}, {Name: "f32", BytesPerToken: 1280}}}
+	if err := WriteSVG(&b, rep, "stories260K"); err != nil {
+		t.Fatal(err)
+	}
+	s := b.String()
+	if strings.Count(s, "<circle") != 3 || !strings.Contains(s, "kivi2 &lt;2b&gt;") || !strings.HasSuffix(s, "</svg>\n") {
+		t.Errorf("svg:\n%s", s)
+	}
+}

@@ -49,6 +49,7 @@ func runEval(args []string) error {
 	segment := fs.Int("segment", 0, "tokens per fresh cache (0 = the model's context length)")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	csvOut := fs.String("csv", "", "also write the table as CSV to this file")
+	svgOut := fs.String("svg", "", "also plot KL against KV bytes per token, one point per configuration, as SVG to this file")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	list := fs.Bool("list", false, "list the registered configuration items")
 	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}, {"max-tokens", 0, inf}, {"chunk", 1, 1 << 20}, {"segment", 0, inf}}); err != nil {
@@ -136,6 +137,19 @@ func runEval(args []string) error {
 			return err
 		}
 		if err := writeEvalCSV(f, rep); err != nil {
+			f.Close()
+			return err
+		}
+		if err := f.Close(); err != nil {
+			return err
+		}
+	}
+	if *svgOut != "" {
+		f, err := os.Create(*svgOut)
+		if err != nil {
+			return err
+		}
+		if err := eval.WriteSVG(f, rep, fmt.Sprintf("%s: %d tokens", filepath.Base(path), len(ids))); err != nil {
 			f.Close()
 			return err
 		}
