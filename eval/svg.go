@@ -41,7 +41,7 @@ func WriteSVG(w io.Writer, rep *Report, title string) error {
 	}
 	p := func(f string, a ...any) { fmt.Fprintf(w, f, a...) }
 	p(`<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", W, H)
-	p(`<rect width="100%%" height="100%%" fill="white"/>`+"\n")
+	p(`<rect width="100%%" height="100%%" fill="white"/>` + "\n")
 	p(`<text x="%d" y="24" font-size="15">%s</text>`+"\n", L, html.EscapeString(title))
 	p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", L, H-B, W-R, H-B)
 	p(`<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="black"/>`+"\n", L, T, L, H-B)
