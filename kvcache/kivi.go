@@ -425,8 +425,16 @@ func (p *kiviPages) Scores(s []float32, ss int, q []float32, page, head, from, t
 				qs[c] = qj[c] * quant.F16ToF32(meta[2*(base+c)])
 				qm += qj[c] * quant.F16ToF32(meta[2*(base+c)+1])
 			}
+			var xbuf [256]float32
+			x := xbuf[:0]
+			if p.dim <= len(xbuf) {
+				x = xbuf[:p.dim]
+			} else {
+				x = make([]float32, p.dim)
+			}
 			for t := from; t < to; t++ {
-				out[t-from] = qm + p.codeDot(qs, page, t, base)
+				p.unpack(x, page, t, base)
+				out[t-from] = qm + p.ops.DotF32(qs, x)
 			}
 			continue
 		}
@@ -456,26 +464,6 @@ func (p *kiviPages) Scores(s []float32, ss int, q []float32, page, head, from, t
 			out[t-from] = acc
 		}
 	}
-}
-
-// codeDot is Σ_c w_c·code_tc over the head's channels base.. of slot t.
-func (p *kiviPages) codeDot(w []float32, page, t, base int) float32 {
-	codes := p.codes[page*p.codePage+t*p.codeRow:]
-	var acc float32
-	if p.f.Bits == 4 {
-		b := codes[base/2:]
-		for c := 0; c+1 < len(w); c += 2 {
-			x := b[c/2]
-			acc += w[c]*float32(x&15) + w[c+1]*float32(x>>4)
-		}
-		return acc
-	}
-	b := codes[base/4:]
-	for c := 0; c+3 < len(w); c += 4 {
-		x := b[c/4]
-		acc += w[c]*float32(x&3) + w[c+1]*float32(x>>2&3) + w[c+2]*float32(x>>4&3) + w[c+3]*float32(x>>6)
-	}
-	return acc
 }
 
 // Mix implements Pages: per token, out_c += w_t·scale_tg·code_tc and
@@ -551,23 +539,31 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 	}
 }
 
-// unpack writes the codes of slot t's channels base..base+len(x) as floats.
+// unpack writes the codes of slot t's channels base..base+len(x) as
+// floats, a byte at a time through a table of its 2 or 4 codes.
 func (p *kiviPages) unpack(x []float32, page, t, base int) {
 	codes := p.codes[page*p.codePage+t*p.codeRow:]
 	if p.f.Bits == 4 {
-		b := codes[base/2:]
-		for c := 0; c+1 < len(x); c += 2 {
-			v := b[c/2]
-			x[c], x[c+1] = float32(v&15), float32(v>>4)
+		b := codes[base/2 : base/2+len(x)/2]
+		for i, v := range b {
+			*(*[2]float32)(x[2*i:]) = nibbleCodes[v]
 		}
 		return
 	}
-	b := codes[base/4:]
-	for c := 0; c+3 < len(x); c += 4 {
-		v := b[c/4]
-		x[c], x[c+1], x[c+2], x[c+3] = float32(v&3), float32(v>>2&3), float32(v>>4&3), float32(v>>6)
+	b := codes[base/4 : base/4+len(x)/4]
+	for i, v := range b {
+		*(*[4]float32)(x[4*i:]) = crumbCodes[v]
 	}
 }
+
+// nibbleCodes and crumbCodes are a byte's 4-bit and 2-bit codes, low first.
+var nibbleCodes, crumbCodes = func() (n [256][2]float32, c [256][4]float32) {
+	for v := range 256 {
+		n[v] = [2]float32{float32(v & 15), float32(v >> 4)}
+		c[v] = [4]float32{float32(v & 3), float32(v >> 2 & 3), float32(v >> 4 & 3), float32(v >> 6)}
+	}
+	return
+}()
 
 func (p *kiviPages) CopyPage(dst, src int) {
 	switch s := p.state[src]; {
