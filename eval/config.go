@@ -26,8 +26,11 @@ import (
 // A Builder fills it in; fields left zero keep the exact cache's choice.
 type Setup struct {
 	KFormat, VFormat kvcache.Format // nil: f32
-	Policy           kvcache.Policy // nil: every position attended
-	BlockSize        int            // 0: the format's group or kvcache.DefaultBlockSize
+	// Policy makes the policy of one fresh cache (a segment's), so state
+	// kept per sequence never leaks between segments; nil: every
+	// position attended.
+	Policy    func() kvcache.Policy
+	BlockSize int // 0: the format's group or kvcache.DefaultBlockSize
 }
 
 // Params are an item's key=value options ("sinks=4,window=256"). A
@@ -84,7 +87,7 @@ var (
 //	eval.Register("streaming", "StreamingLLM sinks + window", func(s *eval.Setup, p *eval.Params) error {
 //		sinks, err := p.Int("sinks", 4)
 //		...
-//		s.Policy = kvcache.NewStreamingPolicy(sinks, window)
+//		s.Policy = func() kvcache.Policy { return kvcache.NewStreamingPolicy(sinks, window) }
 //		return nil
 //	})
 //

@@ -201,10 +201,11 @@ func (r *run) open(c *model.Config, n int) error {
 
 // policyGroups is the one layer group carrying policy, or none (the
 // cache's default) when there is no policy.
-func policyGroups(c *model.Config, p kvcache.Policy) []kvcache.GroupSpec {
-	if p == nil {
+func policyGroups(c *model.Config, newPolicy func() kvcache.Policy) []kvcache.GroupSpec {
+	if newPolicy == nil {
 		return nil
 	}
+	p := newPolicy()
 	layers := make([]int, c.NLayer)
 	for i := range layers {
 		layers[i] = i

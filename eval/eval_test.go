@@ -164,7 +164,7 @@ func TestRegister(t *testing.T) {
 		if err == nil && w <= 0 {
 			err = fmt.Errorf("test-window: window=%d", w)
 		}
-		s.Policy = lossyWindow{kvcache.WindowPolicy{W: w}}
+		s.Policy = func() kvcache.Policy { return lossyWindow{kvcache.WindowPolicy{W: w}} }
 		return err
 	})
 	if _, err := Parse("test-window:window=0"); err == nil {
