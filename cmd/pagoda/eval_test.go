@@ -53,3 +53,39 @@ func TestEvalCommand(t *testing.T) {
 		}
 	}
 }
+
+// TestKVDTypeFlags: score on a paged f32 cache gives the flat cache's
+// perplexity, a 2-bit KIVI cache a different one; bench runs at a depth
+// on a quantized cache; a format the model cannot store is refused
+// naming the flag.
+func TestKVDTypeFlags(t *testing.T) {
+	text := "--text=Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she saw a big dog."
+	ppl := func(args ...string) string {
+		t.Helper()
+		code, stdout, stderr := pagoda(t, append([]string{"score", "--threads", "1", text}, args...)...)
+		if code != 0 {
+			t.Fatalf("score %v: exit %d: %s", args, code, stderr)
+		}
+		i := strings.LastIndex(stdout, "perplexity ")
+		if i < 0 {
+			t.Fatalf("no perplexity in %q", stdout)
+		}
+		return strings.TrimSpace(stdout[i:])
+	}
+	flat, paged, kivi := ppl(), ppl("--kv-dtype", "f32"), ppl("--kv-dtype", "kivi2:g=16,r=0")
+	if flat != paged || kivi == flat {
+		t.Errorf("flat %s, paged f32 %s, kivi2 %s", flat, paged, kivi)
+	}
+	code, _, stderr := pagoda(t, "score", text, "--kv-dtype-k", "q4_0")
+	if code != 1 || !strings.Contains(stderr, "--kv-dtype K q4_0 V f16: kvcache: q4_0 needs head dims that are multiples of 32") {
+		t.Errorf("q4_0 keys on head dim 8: exit %d, %s", code, stderr)
+	}
+	m := filepath.Join(t.TempDir(), "m.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-o", m, "-preset", "tiny"); code != 0 {
+		t.Skipf("synth: %s", stderr)
+	}
+	code, stdout, stderr := pagoda(t, "bench", "-m", m, "-t", "1", "-r", "1", "-p", "0", "-n", "4", "-d", "64", "--kv-dtype", "kivi4:g=16,r=16", "--json")
+	if code != 0 || !strings.Contains(stdout, `"test": "tg4 @ d64"`) {
+		t.Errorf("bench at depth: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
