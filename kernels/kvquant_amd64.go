@@ -66,3 +66,52 @@ func blockAttnFor(isa string, bb int) BlockAttn {
 		},
 	}
 }
+
+//go:noescape
+func scoresPlanes4AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+//go:noescape
+func scoresPlanes2AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+//go:noescape
+func mixPlanes4AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+//go:noescape
+func mixPlanes2AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+// planeAttnFor picks the AVX-512 plane kernels for rows of whole 16-byte
+// chunks, and the references otherwise.
+func planeAttnFor(isa string, bits int) PlaneAttn {
+	ref := planeAttnRef(bits)
+	if isa != "avx512" {
+		return ref
+	}
+	scores, mix := scoresPlanes4AVX512, mixPlanes4AVX512
+	if bits == 2 {
+		scores, mix = scoresPlanes2AVX512, mixPlanes2AVX512
+	}
+	return PlaneAttn{
+		Scores: func(s, planes []float32, codes []byte, stride int) {
+			rb := len(planes) * bits / 8
+			if rb%16 != 0 || rb == 0 {
+				ref.Scores(s, planes, codes, stride)
+				return
+			}
+			checkPlaneRows("Scores", len(s), len(planes), len(codes), stride, bits)
+			if len(s) > 0 {
+				scores(&s[0], &planes[0], &codes[0], len(s), rb/16, stride)
+			}
+		},
+		Mix: func(planes, w []float32, codes []byte, stride int) {
+			rb := len(planes) * bits / 8
+			if rb%16 != 0 || rb == 0 {
+				ref.Mix(planes, w, codes, stride)
+				return
+			}
+			checkPlaneRows("Mix", len(w), len(planes), len(codes), stride, bits)
+			if len(w) > 0 {
+				mix(&w[0], &planes[0], &codes[0], len(w), rb/16, stride)
+			}
+		},
+	}
+}

@@ -3,3 +3,5 @@
 package kernels
 
 func blockAttnFor(isa string, bb int) BlockAttn { return blockAttnRef(bb) }
+
+func planeAttnFor(isa string, bits int) PlaneAttn { return planeAttnRef(bits) }

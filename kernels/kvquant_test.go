@@ -126,3 +126,53 @@ func TestBlockAttnBadLayout(t *testing.T) {
 	o := Best()
 	o.AttnQ8_0().Scores(make([]float32, 2), make([]float32, 32), make([]byte, Q8_0Bytes+10), Q8_0Bytes)
 }
+
+// TestPlaneAttn holds every instruction set's KIVI plane kernels against
+// the references: 2- and 4-bit codes, rows of whole and partial 16-byte
+// chunks, odd row counts and strides.
+func TestPlaneAttn(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	for _, isa := range ISAs() {
+		o, _ := ForISA(isa)
+		for _, bits := range []int{2, 4} {
+			got, ref := o.AttnPlanes(bits), planeAttnRef(bits)
+			for _, chans := range []int{8, 32, 64, 128, 192, 24} {
+				if chans*bits%8 != 0 {
+					continue
+				}
+				for _, n := range []int{0, 1, 5, 33} {
+					rb := chans * bits / 8
+					stride := rb + 3
+					codes := make([]byte, max(0, (n-1)*stride+rb))
+					for i := range codes {
+						codes[i] = byte(r.UintN(256))
+					}
+					planes := make([]float32, chans)
+					for i := range planes {
+						planes[i] = float32(r.NormFloat64())
+					}
+					s, sr := make([]float32, n), make([]float32, n)
+					got.Scores(s, planes, codes, stride)
+					ref.Scores(sr, planes, codes, stride)
+					for i := range s {
+						if d := math.Abs(float64(s[i] - sr[i])); d > 1e-4*(1+math.Abs(float64(sr[i]))) {
+							t.Fatalf("%s %d-bit %d chans: score %d = %g, reference %g", isa, bits, chans, i, s[i], sr[i])
+						}
+					}
+					w := make([]float32, n)
+					for i := range w {
+						w[i] = float32(r.Float64())
+					}
+					out, outr := append([]float32(nil), planes...), append([]float32(nil), planes...)
+					got.Mix(out, w, codes, stride)
+					ref.Mix(outr, w, codes, stride)
+					for i := range out {
+						if d := math.Abs(float64(out[i] - outr[i])); d > 1e-4*(1+math.Abs(float64(outr[i]))) {
+							t.Fatalf("%s %d-bit %d chans: mix %d = %g, reference %g", isa, bits, chans, i, out[i], outr[i])
+						}
+					}
+				}
+			}
+		}
+	}
+}

@@ -204,7 +204,7 @@ func (f KIVI) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
 	}
 	rowLen := heads * dim
 	p := &kiviPages{f: f, axis: f.axis(), heads: heads, dim: dim, tokens: tokens, rowLen: rowLen, ops: ops,
-		cg: f.chanGroup(dim), codeRow: f.RowBytes(heads, dim), levels: float32(int(1)<<f.Bits - 1)}
+		cg: f.chanGroup(dim), codeRow: f.RowBytes(heads, dim), levels: float32(int(1)<<f.Bits - 1), planes: ops.AttnPlanes(f.Bits)}
 	p.codePage = tokens * p.codeRow
 	p.metaPage = f.PageMetaBytes(tokens, heads, dim) / 2
 	p.codes = make([]byte, n*p.codePage)
@@ -239,6 +239,7 @@ type kiviPages struct {
 	slabs              [][]uint16
 	freeSlabs          []int32
 	ops                *kernels.Ops
+	planes             kernels.PlaneAttn // codes read in place, channels split into 8/Bits planes
 }
 
 // ExtraBytes implements extraBytes: the f16 slabs in use.
@@ -416,25 +417,32 @@ func (p *kiviPages) Scores(s []float32, ss int, q []float32, page, head, from, t
 		qs = make([]float32, p.dim)
 	}
 	ng := p.rowLen / p.cg
+	// Per channel: the head's scales and minimums, once per page and
+	// head for all the queries of the GQA group.
+	var mbuf [512]float32
+	var mf []float32
+	if p.axis == PerChannel {
+		if 2*p.dim <= len(mbuf) {
+			mf = mbuf[:2*p.dim]
+		} else {
+			mf = make([]float32, 2*p.dim)
+		}
+		p.ops.F16ToF32Row(mf, meta[2*base:2*(base+p.dim)])
+	}
 	for j := 0; j*p.dim < len(q); j++ {
 		qj := q[j*p.dim : (j+1)*p.dim]
 		out := s[j*ss : j*ss+to-from]
 		if p.axis == PerChannel {
 			var qm float32
-			for c := range qj {
-				qs[c] = qj[c] * quant.F16ToF32(meta[2*(base+c)])
-				qm += qj[c] * quant.F16ToF32(meta[2*(base+c)+1])
+			P := 8 / p.f.Bits
+			pl := p.dim / P
+			for c, v := range qj {
+				qs[c%P*pl+c/P] = v * mf[2*c] // straight into the planes
+				qm += v * mf[2*c+1]
 			}
-			var xbuf [256]float32
-			x := xbuf[:0]
-			if p.dim <= len(xbuf) {
-				x = xbuf[:p.dim]
-			} else {
-				x = make([]float32, p.dim)
-			}
-			for t := from; t < to; t++ {
-				p.unpack(x, page, t, base)
-				out[t-from] = qm + p.ops.DotF32(qs, x)
+			p.planes.Scores(out, qs, p.headRows(page, head, from, to), p.codeRow)
+			for i := range out {
+				out[i] += qm
 			}
 			continue
 		}
@@ -492,7 +500,6 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 		oj := out[j*p.dim : (j+1)*p.dim]
 		wj := w[j*ws : j*ws+to-from]
 		if p.axis == PerChannel {
-			clear(acc)
 			var W float32
 			var xbuf [256]float32
 			x := xbuf[:0]
@@ -501,15 +508,36 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 			} else {
 				x = make([]float32, p.dim)
 			}
-			for t := from; t < to; t++ {
-				p.unpack(x, page, t, base)
-				a := wj[t-from]
+			for _, a := range wj {
 				W += a
-				p.ops.AxpyF32(acc, a, x)
 			}
+			clear(x)
+			p.planes.Mix(x, wj, p.headRows(page, head, from, to), p.codeRow)
+			p.fromPlanes(acc, x)
 			for c := range oj {
 				oj[c] += quant.F16ToF32(meta[2*(base+c)])*acc[c] + quant.F16ToF32(meta[2*(base+c)+1])*W
 			}
+			continue
+		}
+		if p.cg == p.dim {
+			// One scale a token and head: the plane kernel adds
+			// (w_t·scale_t)·codes, the minimums are one sum.
+			var wbuf [256]float32
+			ws := wbuf[:0]
+			if to-from <= len(wbuf) {
+				ws = wbuf[:to-from]
+			} else {
+				ws = make([]float32, to-from)
+			}
+			var m float32
+			for t := from; t < to; t++ {
+				mi := 2 * (t*ng + head)
+				ws[t-from] = wj[t-from] * quant.F16ToF32(meta[mi])
+				m += wj[t-from] * quant.F16ToF32(meta[mi+1])
+			}
+			clear(acc)
+			p.planes.Mix(acc, ws, p.headRows(page, head, from, to), p.codeRow)
+			p.addPlanes(oj, acc, m)
 			continue
 		}
 		// Per token: unpack the head's codes once, add scale·codes with
@@ -535,6 +563,46 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 			for c := g * p.cg; c < (g+1)*p.cg; c++ {
 				oj[c] += m
 			}
+		}
+	}
+}
+
+// headRows is the code bytes of head's rows [from, to) of page.
+func (p *kiviPages) headRows(page, head, from, to int) []byte {
+	lo := page*p.codePage + from*p.codeRow + head*p.dim*p.f.Bits/8
+	return p.codes[lo : lo+(to-from-1)*p.codeRow+p.dim*p.f.Bits/8]
+}
+
+// toPlanes splits x by channel c mod P (P = 8/Bits codes a byte) into
+// planes, the layout the plane kernels read.
+func (p *kiviPages) toPlanes(planes, x []float32) {
+	P := 8 / p.f.Bits
+	pl := len(x) / P
+	for j := 0; j < pl; j++ {
+		for k := 0; k < P; k++ {
+			planes[k*pl+j] = x[j*P+k]
+		}
+	}
+}
+
+// fromPlanes is the inverse of toPlanes.
+func (p *kiviPages) fromPlanes(x, planes []float32) {
+	P := 8 / p.f.Bits
+	pl := len(x) / P
+	for j := 0; j < pl; j++ {
+		for k := 0; k < P; k++ {
+			x[j*P+k] = planes[k*pl+j]
+		}
+	}
+}
+
+// addPlanes adds planes, re-interleaved, plus m to every channel of out.
+func (p *kiviPages) addPlanes(out, planes []float32, m float32) {
+	P := 8 / p.f.Bits
+	pl := len(out) / P
+	for j := 0; j < pl; j++ {
+		for k := 0; k < P; k++ {
+			out[j*P+k] += planes[k*pl+j] + m
 		}
 	}
 }

@@ -77,6 +77,9 @@ var kiviCases = []kiviCase{
 	{"kivi4:g=4,r=0,vg=4", 3, 12, 2, 4, PerChannel, PerToken},
 	{"kivi2:g=8,r=8,k=token,v=channel", 2, 16, 3, 16, PerToken, PerChannel},
 	{"kivi4:g=4,r=4,k=token,v=channel,vg=8", 1, 16, 1, 8, PerToken, PerChannel},
+	// Head dims whose code rows are whole 16-byte chunks: the SIMD kernels.
+	{"kivi2:g=4,r=4", 2, 64, 2, 64, PerChannel, PerToken},
+	{"kivi4:g=4,r=0,v=channel", 1, 64, 4, 64, PerChannel, PerChannel},
 }
 
 func newKIVICache(t *testing.T, kc kiviCase, blocks int, prefix bool, window int) (*Cache, KIVI) {
