@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
+	"sync"
 
 	"pagoda/kernels"
 	"pagoda/quant"
@@ -194,11 +195,17 @@ func (p *blockPages) CopyPage(dst, src int) {
 // a stack buffer and run through the float kernels — never the page.
 func dequantAttn(t quant.Type, ops *kernels.Ops) kernels.BlockAttn {
 	ts := t.TypeSize()
-	row := func(buf *[256]float32, n int) []float32 {
-		if n <= len(buf) {
-			return buf[:n]
+	// A row buffer from a pool: the kernels are called through function
+	// values, so a stack buffer would escape to the heap on every call.
+	var pool sync.Pool
+	row := func(n int) *[]float32 {
+		b, _ := pool.Get().(*[]float32)
+		if b == nil || cap(*b) < n {
+			s := make([]float32, n)
+			b = &s
 		}
-		return make([]float32, n)
+		*b = (*b)[:n]
+		return b
 	}
 	deq := func(b []byte, x []float32) {
 		if err := quant.Dequantize(t, b, x); err != nil {
@@ -207,16 +214,18 @@ func dequantAttn(t quant.Type, ops *kernels.Ops) kernels.BlockAttn {
 	}
 	return kernels.BlockAttn{
 		Scores: func(s, q []float32, k []byte, stride int) {
-			var buf [256]float32
-			x, rb := row(&buf, len(q)), len(q)/qk*ts
+			b := row(len(q))
+			defer pool.Put(b)
+			x, rb := *b, len(q)/qk*ts
 			for i := range s {
 				deq(k[i*stride:i*stride+rb], x)
 				s[i] = ops.DotF32(q, x)
 			}
 		},
 		Mix: func(out, w []float32, v []byte, stride int) {
-			var buf [256]float32
-			x, rb := row(&buf, len(out)), len(out)/qk*ts
+			b := row(len(out))
+			defer pool.Put(b)
+			x, rb := *b, len(out)/qk*ts
 			for i, a := range w {
 				deq(v[i*stride:i*stride+rb], x)
 				ops.AxpyF32(out, a, x)

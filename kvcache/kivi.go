@@ -5,6 +5,7 @@ import (
 	"math"
 	"strconv"
 	"strings"
+	"sync"
 
 	"pagoda/kernels"
 	"pagoda/quant"
@@ -240,6 +241,7 @@ type kiviPages struct {
 	freeSlabs          []int32
 	ops                *kernels.Ops
 	planes             kernels.PlaneAttn // codes read in place, channels split into 8/Bits planes
+	scratch            sync.Pool         // *kiviScratch
 }
 
 // ExtraBytes implements extraBytes: the f16 slabs in use.
@@ -247,10 +249,11 @@ func (p *kiviPages) ExtraBytes() int64 {
 	return int64(len(p.slabs)-len(p.freeSlabs)) * int64(p.tokens*p.rowLen*2)
 }
 
-// slab returns page's f16 rows, making the page residual first: a
-// quantized page (rewritten after a rollback, or reused) is expanded so
-// its other slots keep their values.
-func (p *kiviPages) slab(page int) []uint16 {
+// slab returns page's f16 rows, making the page residual first. Rows
+// [0, keep) of a quantized page (rewritten after a rollback) are
+// expanded so they keep their values; a page reused by another sequence
+// starts at slot 0 and keeps nothing.
+func (p *kiviPages) slab(page, keep int) []uint16 {
 	if s := p.state[page]; s >= 0 {
 		return p.slabs[s]
 	}
@@ -262,21 +265,19 @@ func (p *kiviPages) slab(page int) []uint16 {
 		p.slabs = append(p.slabs, make([]uint16, p.tokens*p.rowLen))
 	}
 	sl := p.slabs[id]
-	if p.state[page] == pageQuantized {
+	if p.state[page] == pageQuantized && keep > 0 {
 		row := make([]float32, p.rowLen)
-		for t := 0; t < p.tokens; t++ {
+		for t := 0; t < keep; t++ {
 			p.dequant(page, t, row)
 			p.ops.F32ToF16Row(sl[t*p.rowLen:(t+1)*p.rowLen], row)
 		}
-	} else {
-		clear(sl)
 	}
 	p.state[page] = id
 	return sl
 }
 
 func (p *kiviPages) Put(page, slot int, row []float32) {
-	sl := p.slab(page)
+	sl := p.slab(page, slot)
 	p.ops.F32ToF16Row(sl[slot*p.rowLen:(slot+1)*p.rowLen], row[:p.rowLen])
 }
 
@@ -409,24 +410,13 @@ func (p *kiviPages) Scores(s []float32, ss int, q []float32, page, head, from, t
 	}
 	meta := p.meta[page*p.metaPage : (page+1)*p.metaPage]
 	base := head * p.dim
-	var buf [256]float32
-	qs := buf[:0]
-	if p.dim <= len(buf) {
-		qs = buf[:p.dim]
-	} else {
-		qs = make([]float32, p.dim)
-	}
+	sc := p.getScratch()
+	defer p.scratch.Put(sc)
+	qs, mf := sc.a, sc.c
 	ng := p.rowLen / p.cg
 	// Per channel: the head's scales and minimums, once per page and
 	// head for all the queries of the GQA group.
-	var mbuf [512]float32
-	var mf []float32
 	if p.axis == PerChannel {
-		if 2*p.dim <= len(mbuf) {
-			mf = mbuf[:2*p.dim]
-		} else {
-			mf = make([]float32, 2*p.dim)
-		}
 		p.ops.F16ToF32Row(mf, meta[2*base:2*(base+p.dim)])
 	}
 	for j := 0; j*p.dim < len(q); j++ {
@@ -448,13 +438,7 @@ func (p *kiviPages) Scores(s []float32, ss int, q []float32, page, head, from, t
 		}
 		// Per token: Σ_{c∈g} q_c once per group, the codes unpacked into
 		// qs and dotted with the SIMD kernel.
-		var sbuf [64]float32
-		sq := sbuf[:0]
-		if ngh := p.dim / p.cg; ngh <= len(sbuf) {
-			sq = sbuf[:ngh]
-		} else {
-			sq = make([]float32, ngh)
-		}
+		sq := sc.d[:p.dim/p.cg]
 		for g := range sq {
 			sq[g] = 0
 			for _, v := range qj[g*p.cg : (g+1)*p.cg] {
@@ -489,25 +473,15 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 	meta := p.meta[page*p.metaPage : (page+1)*p.metaPage]
 	base := head * p.dim
 	ng := p.rowLen / p.cg
-	var buf [256]float32
-	acc := buf[:0]
-	if p.dim <= len(buf) {
-		acc = buf[:p.dim]
-	} else {
-		acc = make([]float32, p.dim)
-	}
+	sc := p.getScratch()
+	defer p.scratch.Put(sc)
+	acc := sc.a
 	for j := 0; j*p.dim < len(out); j++ {
 		oj := out[j*p.dim : (j+1)*p.dim]
 		wj := w[j*ws : j*ws+to-from]
 		if p.axis == PerChannel {
 			var W float32
-			var xbuf [256]float32
-			x := xbuf[:0]
-			if p.dim <= len(xbuf) {
-				x = xbuf[:p.dim]
-			} else {
-				x = make([]float32, p.dim)
-			}
+			x := sc.b
 			for _, a := range wj {
 				W += a
 			}
@@ -522,13 +496,7 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 		if p.cg == p.dim {
 			// One scale a token and head: the plane kernel adds
 			// (w_t·scale_t)·codes, the minimums are one sum.
-			var wbuf [256]float32
-			ws := wbuf[:0]
-			if to-from <= len(wbuf) {
-				ws = wbuf[:to-from]
-			} else {
-				ws = make([]float32, to-from)
-			}
+			ws := sc.d[:to-from]
 			var m float32
 			for t := from; t < to; t++ {
 				mi := 2 * (t*ng + head)
@@ -542,13 +510,8 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 		}
 		// Per token: unpack the head's codes once, add scale·codes with
 		// the SIMD axpy, and gather the minimums per channel group.
-		var mbuf [64]float32
-		mg := mbuf[:0]
-		if ngh := p.dim / p.cg; ngh <= len(mbuf) {
-			mg = mbuf[:ngh]
-		} else {
-			mg = make([]float32, ngh)
-		}
+		mg := sc.d[:p.dim/p.cg]
+		clear(mg)
 		g0 := base / p.cg
 		for t := from; t < to; t++ {
 			p.unpack(acc, page, t, base)
@@ -565,6 +528,19 @@ func (p *kiviPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 			}
 		}
 	}
+}
+
+// kiviScratch is one Scores or Mix call's working memory: Attend runs
+// concurrently, and a stack buffer handed to a kernel through a function
+// value would escape to the heap on every call.
+type kiviScratch struct{ a, b, c, d []float32 }
+
+func (p *kiviPages) getScratch() *kiviScratch {
+	if sc, ok := p.scratch.Get().(*kiviScratch); ok {
+		return sc
+	}
+	return &kiviScratch{a: make([]float32, p.dim), b: make([]float32, p.dim), c: make([]float32, 2*p.dim),
+		d: make([]float32, max(p.tokens, p.dim/p.cg))}
 }
 
 // headRows is the code bytes of head's rows [from, to) of page.
@@ -636,7 +612,7 @@ var nibbleCodes, crumbCodes = func() (n [256][2]float32, c [256][4]float32) {
 func (p *kiviPages) CopyPage(dst, src int) {
 	switch s := p.state[src]; {
 	case s >= 0:
-		d := p.slab(dst)
+		d := p.slab(dst, 0)
 		copy(d, p.slabs[s])
 	default:
 		if d := p.state[dst]; d >= 0 {
