@@ -26,6 +26,20 @@ type Options struct {
 	// PrefillChunk bounds the tokens per forward pass during the prompt
 	// (0 = the whole prompt at once).
 	PrefillChunk int
+	// NewCache makes the KV cache for a sequence of up to maxLen tokens
+	// (nil: the model's flat f32 cache); `run --kv-dtype` passes a paged
+	// cache of a quantized format.
+	NewCache NewCache
+}
+
+// NewCache makes a one-sequence KV cache of up to maxLen tokens.
+type NewCache func(maxLen int) (model.KVCache, error)
+
+func (nc NewCache) make(m *model.Model, maxLen int) (model.KVCache, error) {
+	if nc == nil {
+		return m.NewFlatCache(1, maxLen), nil
+	}
+	return nc(maxLen)
 }
 
 // Token is one generated token as reported to the callback.
@@ -62,7 +76,10 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 	if o.MaxTokens > 0 && o.MaxTokens < maxNew {
 		maxNew = o.MaxTokens
 	}
-	cache := m.NewFlatCache(1, len(prompt)+maxNew)
+	cache, err := o.NewCache.make(m, len(prompt)+maxNew)
+	if err != nil {
+		return nil, err
+	}
 	logits, err := prefill(m, cache, prompt, o.PrefillChunk)
 	if err != nil {
 		return nil, err
@@ -178,6 +195,11 @@ type Score struct {
 
 // ScoreTokens runs tokens through m in one pass (chunked by chunk tokens).
 func ScoreTokens(m *model.Model, tokens []int32, keepLogits bool, chunk int) (*Score, error) {
+	return ScoreTokensCache(m, tokens, keepLogits, chunk, nil)
+}
+
+// ScoreTokensCache is ScoreTokens on the cache newCache makes (nil: flat).
+func ScoreTokensCache(m *model.Model, tokens []int32, keepLogits bool, chunk int, newCache NewCache) (*Score, error) {
 	c := &m.Config
 	if len(tokens) < 2 && !keepLogits {
 		return nil, errors.New("score: need at least two tokens")
@@ -188,7 +210,10 @@ func ScoreTokens(m *model.Model, tokens []int32, keepLogits bool, chunk int) (*S
 	if chunk <= 0 {
 		chunk = 512
 	}
-	cache := m.NewFlatCache(1, len(tokens))
+	cache, err := newCache.make(m, len(tokens))
+	if err != nil {
+		return nil, err
+	}
 	sc := &Score{}
 	lsm := make([]float32, c.VocabSize)
 	for lo := 0; lo < len(tokens); lo += chunk {

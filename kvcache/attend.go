@@ -94,10 +94,24 @@ func (c *Cache) Begin(b *model.Batch) error {
 func (c *Cache) Store(layer, row int, k, v []float32) {
 	r := &c.step.rows[row]
 	ls := &c.layers[layer]
-	ls.k.Put(int(r.page), int(r.slot), k)
+	put(ls.k, &c.step.seqs[r.seq], r, k)
 	if ls.v != nil {
-		ls.v.Put(int(r.page), int(r.slot), v)
+		put(ls.v, &c.step.seqs[r.seq], r, v)
 	}
+}
+
+// seqPutter is Pages that need the sequence's block table to store a
+// row: KIVI quantizes a page when its group leaves the residual window.
+type seqPutter interface {
+	PutSeq(blocks []int32, pos int, row []float32)
+}
+
+func put(p Pages, s *stepSeq, r *stepRow, row []float32) {
+	if sp, ok := p.(seqPutter); ok {
+		sp.PutSeq(s.blocks, int(r.pos), row)
+		return
+	}
+	p.Put(int(r.page), int(r.slot), row)
 }
 
 // attnScratch is one Attend call's working memory, from a sync.Pool.

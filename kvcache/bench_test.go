@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -13,7 +14,8 @@ var benchAttn = model.AttnParams{NHead: 32, NKVHead: 4, HeadDim: 64, Scale: 0.12
 // benchCache fills seqs sequences of ctx positions with random K/V.
 func benchCache(b *testing.B, seqs, ctx int, f Format) *Cache {
 	p := benchAttn
-	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, NumBlocks: seqs * (ctx/DefaultBlockSize + 1), KFormat: f, VFormat: f})
+	bs := FormatBlockSize(f)
+	c, err := New(Config{NLayer: 1, NKVHead: p.NKVHead, HeadDim: p.HeadDim, BlockSize: bs, NumBlocks: seqs * (ctx/bs + 1), KFormat: f, VFormat: f})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -42,22 +44,24 @@ func benchQ(n int) []float32 {
 	return q
 }
 
-// BenchmarkAttendDecode is one decode step of 8 sequences at context 512,
-// one thread: the paged attention alone (Begin included), per KV format.
+// BenchmarkAttendDecode is one decode step of 8 sequences at context 512
+// (and of 2 at 1k and 4k), one thread: the paged attention alone (Begin
+// included), per KV format.
 func BenchmarkAttendDecode(b *testing.B) {
-	for _, f := range []Format{F16, Q8_0, Q4_0} {
-		b.Run(f.String(), func(b *testing.B) { benchDecode(b, f) })
+	for _, sc := range []struct{ seqs, ctx int }{{8, 512}, {2, 1024}, {2, 4096}} {
+		for _, f := range []Format{F16, Q8_0, Q4_0, DefaultKIVI(4), DefaultKIVI(2)} {
+			b.Run(fmt.Sprintf("%s/ctx%d", f, sc.ctx), func(b *testing.B) { benchDecode(b, f, sc.seqs, sc.ctx) })
+		}
 	}
 }
 
-func benchDecode(b *testing.B, f Format) {
-	const seqs, ctx = 8, 512
+func benchDecode(b *testing.B, f Format, seqs, ctx int) {
 	c := benchCache(b, seqs, ctx, f)
 	qd := benchAttn.NHead * benchAttn.HeadDim
 	q, out := benchQ(seqs), make([]float32, seqs*qd)
 	batch := &model.Batch{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs)}
 	for s := range batch.Seq {
-		batch.Seq[s], batch.Pos[s] = int32(s), ctx-1
+		batch.Seq[s], batch.Pos[s] = int32(s), int32(ctx-1)
 	}
 	b.ResetTimer()
 	for it := 0; it < b.N; it++ {
@@ -68,7 +72,7 @@ func benchDecode(b *testing.B, f Format) {
 			c.Attend(0, s, s+1, q[s*qd:(s+1)*qd], out[s*qd:(s+1)*qd], benchAttn)
 		}
 	}
-	b.ReportMetric(float64(b.N)*seqs*ctx/b.Elapsed().Seconds(), "pos/s")
+	b.ReportMetric(float64(b.N*seqs*ctx)/b.Elapsed().Seconds(), "pos/s")
 }
 
 // BenchmarkAttendPrefill is the causal attention of one 512-token prefill

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
+	"sync"
 
 	"pagoda/kernels"
 	"pagoda/quant"
@@ -16,9 +17,16 @@ import (
 type BlockFormat uint8
 
 const (
-	Q8_0 BlockFormat = iota + 1 // 8.5 bits an element: f16 d + 32 int8
-	Q4_0                        // 4.5 bits an element: f16 d + 16 bytes of nibbles
+	Q8_0   BlockFormat = iota + 1 // 8.5 bits an element: f16 d + 32 int8
+	Q4_0                          // 4.5 bits an element: f16 d + 16 bytes of nibbles
+	Q4_1                          // 5 bits: f16 d and min + nibbles
+	Q5_0                          // 5.5 bits: f16 d + nibbles + 32 high bits
+	Q5_1                          // 6 bits: f16 d and min + nibbles + high bits
+	IQ4_NL                        // 4.5 bits: f16 d + nibbles indexing a non-linear table
 )
+
+// blockFormats are the block formats by name, in ggml's spelling.
+var blockFormats = []BlockFormat{Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL}
 
 // qk is the elements per block of both formats.
 const qk = 32
@@ -29,16 +37,21 @@ func (f BlockFormat) qtype() quant.Type {
 		return quant.Q8_0
 	case Q4_0:
 		return quant.Q4_0
+	case Q4_1:
+		return quant.Q4_1
+	case Q5_0:
+		return quant.Q5_0
+	case Q5_1:
+		return quant.Q5_1
+	case IQ4_NL:
+		return quant.IQ4_NL
 	}
 	panic(fmt.Sprintf("kvcache: no block format %d", f))
 }
 
 func (f BlockFormat) String() string {
-	switch f {
-	case Q8_0:
-		return "q8_0"
-	case Q4_0:
-		return "q4_0"
+	if f >= Q8_0 && f <= IQ4_NL {
+		return strings.ToLower(f.qtype().String())
 	}
 	return fmt.Sprintf("BlockFormat(%d)", f)
 }
@@ -63,42 +76,55 @@ func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
 		panic(err)
 	}
 	hb := dim / qk * f.qtype().TypeSize()
-	p := &blockPages{t: f.qtype(), ops: ops, dim: dim, headBytes: hb, rowBytes: heads * hb, pageBytes: tokens * heads * hb}
+	p := &blockPages{t: f.qtype(), dim: dim, headBytes: hb, rowBytes: heads * hb, pageBytes: tokens * heads * hb}
 	p.data = make([]byte, n*p.pageBytes)
-	p.dequant = dequantQ8_0
-	if f == Q4_0 {
-		p.dequant = dequantQ4_0
+	if ops == nil {
+		ops = kernels.Best()
+	}
+	switch f {
+	case Q8_0:
+		p.attn = ops.AttnQ8_0()
+	case Q4_0:
+		p.attn = ops.AttnQ4_0()
+	default:
+		p.attn = dequantAttn(p.t, ops)
 	}
 	return p
 }
 
-// ParseFormat reads a KV storage format: a float DType (see ParseDType)
-// or q8_0 / q4_0.
+// ParseFormat reads a KV storage format: a float DType (see ParseDType),
+// q8_0 / q4_0, or kivi2 / kivi4 with options (see KIVI).
 func ParseFormat(s string) (Format, error) {
+	if strings.HasPrefix(strings.ToLower(s), "kivi") {
+		return parseKIVI(s)
+	}
 	switch strings.ToLower(s) {
-	case "q8_0", "q8":
+	case "q8":
 		return Q8_0, nil
-	case "q4_0", "q4":
+	case "q4":
 		return Q4_0, nil
+	}
+	for _, f := range blockFormats {
+		if strings.EqualFold(s, f.String()) {
+			return f, nil
+		}
 	}
 	d, err := ParseDType(s)
 	if err != nil {
-		return nil, fmt.Errorf("kvcache: unknown KV format %q (want f16, f32, bf16, q8_0 or q4_0)", s)
+		return nil, fmt.Errorf("kvcache: unknown KV format %q (want f16, f32, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, kivi2 or kivi4)", s)
 	}
 	return d, nil
 }
 
-// blockPages stores rows as ggml blocks. Scores and Mix expand one block
-// at a time into a stack buffer and run the f32 kernels over it, so no
-// page is ever expanded whole and concurrent Attends share no scratch.
-// TODO(perf): a fused int8×f32 SIMD dot would skip the expansion.
+// blockPages stores rows as ggml blocks. Scores and Mix read the blocks
+// in place with the fused kernels of package kernels (int8 or nibbles
+// times the query, one scale per block), never expanding a row to floats.
 type blockPages struct {
 	t                              quant.Type
-	ops                            *kernels.Ops
 	dim                            int
 	headBytes, rowBytes, pageBytes int
 	data                           []byte
-	dequant                        func(b []byte, y *[qk]float32)
+	attn                           kernels.BlockAttn
 }
 
 // nanF16 is the scale a block with a NaN or Inf gets: the row reads back
@@ -134,34 +160,29 @@ func (p *blockPages) head(page, t, h int) []byte {
 	return p.data[o : o+p.headBytes]
 }
 
+// rows is the byte range holding head's rows [from, to) of page.
+func (p *blockPages) rows(page, head, from, to int) []byte {
+	lo := page*p.pageBytes + from*p.rowBytes + head*p.headBytes
+	return p.data[lo : lo+(to-from-1)*p.rowBytes+p.headBytes]
+}
+
 func (p *blockPages) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
-	ts, nq := p.t.TypeSize(), len(q)/p.dim
-	var y [qk]float32
-	for t := from; t < to; t++ {
-		k := p.head(page, t, head)
-		for j := 0; j < nq; j++ {
-			s[j*ss+t-from] = 0
-		}
-		for b := 0; b*ts < len(k); b++ {
-			p.dequant(k[b*ts:], &y)
-			for j := 0; j < nq; j++ {
-				s[j*ss+t-from] += p.ops.DotF32(q[j*p.dim+b*qk:][:qk], y[:])
-			}
-		}
+	if to <= from {
+		return
+	}
+	k := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(q); j++ {
+		p.attn.Scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], k, p.rowBytes)
 	}
 }
 
 func (p *blockPages) Mix(out, w []float32, ws int, page, head, from, to int) {
-	ts, nq := p.t.TypeSize(), len(out)/p.dim
-	var y [qk]float32
-	for t := from; t < to; t++ {
-		v := p.head(page, t, head)
-		for b := 0; b*ts < len(v); b++ {
-			p.dequant(v[b*ts:], &y)
-			for j := 0; j < nq; j++ {
-				p.ops.AxpyF32(out[j*p.dim+b*qk:][:qk], w[j*ws+t-from], y[:])
-			}
-		}
+	if to <= from {
+		return
+	}
+	v := p.rows(page, head, from, to)
+	for j := 0; j*p.dim < len(out); j++ {
+		p.attn.Mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], v, p.rowBytes)
 	}
 }
 
@@ -169,21 +190,46 @@ func (p *blockPages) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageBytes:(dst+1)*p.pageBytes], p.data[src*p.pageBytes:(src+1)*p.pageBytes])
 }
 
-// dequantQ8_0 and dequantQ4_0 expand one block as quant.Dequantize does,
-// to the bit (the tests hold them to it), without its per-call checks.
-func dequantQ8_0(b []byte, y *[qk]float32) {
-	d := quant.F16ToF32(binary.LittleEndian.Uint16(b))
-	qs := b[2 : 2+qk]
-	for j := range y {
-		y[j] = float32(int8(qs[j])) * d
+// dequantAttn scores and mixes rows of a block format without a fused
+// kernel (q4_1, q5_0, q5_1, iq4_nl): one row at a time is expanded into
+// a stack buffer and run through the float kernels — never the page.
+func dequantAttn(t quant.Type, ops *kernels.Ops) kernels.BlockAttn {
+	ts := t.TypeSize()
+	// A row buffer from a pool: the kernels are called through function
+	// values, so a stack buffer would escape to the heap on every call.
+	var pool sync.Pool
+	row := func(n int) *[]float32 {
+		b, _ := pool.Get().(*[]float32)
+		if b == nil || cap(*b) < n {
+			s := make([]float32, n)
+			b = &s
+		}
+		*b = (*b)[:n]
+		return b
 	}
-}
-
-func dequantQ4_0(b []byte, y *[qk]float32) {
-	d := quant.F16ToF32(binary.LittleEndian.Uint16(b))
-	qs := b[2 : 2+qk/2]
-	for j := 0; j < qk/2; j++ {
-		y[j] = float32(int32(qs[j]&0xf)-8) * d
-		y[j+qk/2] = float32(int32(qs[j]>>4)-8) * d
+	deq := func(b []byte, x []float32) {
+		if err := quant.Dequantize(t, b, x); err != nil {
+			panic(err)
+		}
+	}
+	return kernels.BlockAttn{
+		Scores: func(s, q []float32, k []byte, stride int) {
+			b := row(len(q))
+			defer pool.Put(b)
+			x, rb := *b, len(q)/qk*ts
+			for i := range s {
+				deq(k[i*stride:i*stride+rb], x)
+				s[i] = ops.DotF32(q, x)
+			}
+		},
+		Mix: func(out, w []float32, v []byte, stride int) {
+			b := row(len(out))
+			defer pool.Put(b)
+			x, rb := *b, len(out)/qk*ts
+			for i, a := range w {
+				deq(v[i*stride:i*stride+rb], x)
+				ops.AxpyF32(out, a, x)
+			}
+		},
 	}
 }

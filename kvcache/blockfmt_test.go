@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"pagoda/kernels"
 	"pagoda/model"
 	"pagoda/quant"
 )
@@ -30,7 +31,7 @@ func quantRef(t *testing.T, f BlockFormat, x []float32) []float32 {
 func TestBlockFormatRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	const heads, dim, tokens = 2, 64, 4
-	for _, f := range []BlockFormat{Q8_0, Q4_0} {
+	for _, f := range blockFormats {
 		p := f.NewPages(3, tokens, heads, dim, nil)
 		rows := make([][]float32, tokens)
 		for s := range rows {
@@ -41,6 +42,17 @@ func TestBlockFormatRoundTrip(t *testing.T) {
 			p.Put(2, s, rows[s])
 		}
 		p.CopyPage(1, 2)
+		bp := p.(*blockPages)
+		for s, row := range rows {
+			// The page holds ggml's bytes: quant's encoder of the row.
+			want, err := quant.Quantize(f.qtype(), row)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := bp.data[bp.pageBytes+s*bp.rowBytes : bp.pageBytes+(s+1)*bp.rowBytes]; string(got) != string(want) {
+				t.Fatalf("%v slot %d: page bytes differ from quant.Quantize", f, s)
+			}
+		}
 		for s, row := range rows {
 			want, got := quantRef(t, f, row), make([]float32, heads*dim)
 			p.Get(1, s, got)
@@ -69,14 +81,22 @@ func TestBlockFormatNaN(t *testing.T) {
 }
 
 // TestBlockFormatAttention: attention through the cache with q8_0 and
-// q4_0 K/V matches float64 attention over the dequantized rows tightly;
-// against the f32 originals the quantization error is reported.
+// q4_0 K/V, read in place by every instruction set's fused kernels,
+// matches float64 attention over the dequantized rows tightly; against
+// the f32 originals the quantization error is reported.
 func TestBlockFormatAttention(t *testing.T) {
+	for _, isa := range kernels.ISAs() {
+		ops, _ := kernels.ForISA(isa)
+		t.Run(isa, func(t *testing.T) { testBlockFormatAttention(t, ops) })
+	}
+}
+
+func testBlockFormatAttention(t *testing.T, ops *kernels.Ops) {
 	p := model.AttnParams{NHead: 8, NKVHead: 2, HeadDim: 64, Scale: 0.125}
 	const n = 37
-	for _, f := range []BlockFormat{Q8_0, Q4_0} {
+	for _, f := range blockFormats {
 		r := rand.New(rand.NewPCG(7, 8))
-		c, err := New(Config{NLayer: 1, NKVHead: 2, HeadDim: 64, BlockSize: 16, NumBlocks: 8, KFormat: f, VFormat: f})
+		c, err := New(Config{NLayer: 1, NKVHead: 2, HeadDim: 64, BlockSize: 16, NumBlocks: 8, KFormat: f, VFormat: f, Ops: ops})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,7 +120,7 @@ func TestBlockFormatAttention(t *testing.T) {
 			}
 		}
 		t.Logf("%v: worst error against f32 K/V %.3g (relative, 1+|x|)", f, worst)
-		if limit := map[BlockFormat]float64{Q8_0: 2e-2, Q4_0: 3e-1}[f]; worst > limit {
+		if limit := map[BlockFormat]float64{Q8_0: 2e-2, Q4_0: 3e-1, Q4_1: 3e-1, Q5_0: 1.5e-1, Q5_1: 1.5e-1, IQ4_NL: 3e-1}[f]; worst > limit {
 			t.Errorf("%v: error %.3g against f32 K/V, over %g", f, worst, limit)
 		}
 	}
@@ -139,7 +159,12 @@ func TestParseFormat(t *testing.T) {
 			t.Errorf("ParseFormat(%q) = %v, %v; want %v", s, got, err, want)
 		}
 	}
-	if _, err := ParseFormat("q5_1"); err == nil {
-		t.Error("q5_1 parsed")
+	for _, f := range blockFormats {
+		if got, err := ParseFormat(strings.ToUpper(f.String())); err != nil || got != f {
+			t.Errorf("ParseFormat(%q) = %v, %v", f, got, err)
+		}
+	}
+	if _, err := ParseFormat("q6_k"); err == nil || !strings.Contains(err.Error(), "iq4_nl") {
+		t.Errorf("q6_k: %v", err)
 	}
 }

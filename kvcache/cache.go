@@ -168,6 +168,14 @@ func New(cfg Config) (*Cache, error) {
 	if err != nil {
 		return nil, err
 	}
+	for _, g := range groups {
+		if err := checkBlock(g.KFormat, cfg.BlockSize); err != nil {
+			return nil, err
+		}
+		if err := checkBlock(g.VFormat, cfg.BlockSize); g.VDim > 0 && err != nil {
+			return nil, err
+		}
+	}
 	if cfg.NumBlocks == 0 {
 		if cfg.Bytes <= 0 {
 			return nil, fmt.Errorf("kvcache: neither a block count nor a byte budget given")

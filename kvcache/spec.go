@@ -42,6 +42,14 @@ func (c Config) groups() []GroupSpec {
 		if g.VFormat == nil {
 			g.VFormat = c.DType
 		}
+		// A format that stores keys and values differently (KIVI) is
+		// told which it holds.
+		if r, ok := g.KFormat.(roled); ok {
+			g.KFormat = r.ForKeys()
+		}
+		if r, ok := g.VFormat.(roled); ok {
+			g.VFormat = r.ForValues()
+		}
 		if g.Policy == nil {
 			g.Policy = c.Policy
 		}
@@ -99,6 +107,21 @@ func checkGroups(gs []GroupSpec) (layerGroup []int, err error) {
 		}
 	}
 	return layerGroup, nil
+}
+
+// roled is a Format that quantizes keys and values along different axes.
+type roled interface {
+	ForKeys() Format
+	ForValues() Format
+}
+
+// checkBlock asks a format whose pages are its quantization groups
+// whether the cache's block size suits it.
+func checkBlock(f Format, bs int) error {
+	if c, ok := f.(interface{ checkBlock(int) error }); ok {
+		return c.checkBlock(bs)
+	}
+	return nil
 }
 
 // checkDim asks a format that constrains head dims (a block format must

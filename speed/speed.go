@@ -22,18 +22,24 @@ import (
 
 // Test is one measurement: "pp" of N prompt tokens in batches, or "tg" of N
 // tokens decoded one at a time, by Seqs sequences in lockstep (the serving
-// engine's batched decode; 0 or 1 is llama-bench's single sequence).
+// engine's batched decode; 0 or 1 is llama-bench's single sequence), after
+// Depth tokens already in the cache.
 type Test struct {
-	Kind string // "pp" or "tg"
-	N    int
-	Seqs int
+	Kind  string // "pp" or "tg"
+	N     int
+	Seqs  int
+	Depth int // tokens prefilled, untimed, before the measured ones
 }
 
 func (t Test) String() string {
+	name := fmt.Sprintf("%s%d", t.Kind, t.N)
 	if t.Kind == "tg" && t.Seqs > 1 {
-		return fmt.Sprintf("%s%dx%d", t.Kind, t.N, t.Seqs)
+		name += fmt.Sprintf("x%d", t.Seqs)
 	}
-	return fmt.Sprintf("%s%d", t.Kind, t.N)
+	if t.Depth > 0 {
+		name += fmt.Sprintf(" @ d%d", t.Depth)
+	}
+	return name
 }
 
 // Result is one test's repetitions.
@@ -73,18 +79,28 @@ type Result struct {
 
 // Run measures t on m, reps times after one warm-up run.
 func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
+	return RunCache(m, t, reps, batch, nil)
+}
+
+// RunCache is Run on the KV caches newCache makes for n positions (nil:
+// the model's flat f32 cache).
+func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (model.KVCache, error)) (*Result, error) {
 	if t.N <= 0 || reps <= 0 {
 		return nil, fmt.Errorf("speed: %s: N and repetitions must be positive", t)
 	}
 	c := &m.Config
-	if t.N > c.ContextLen {
+	if t.Depth < 0 || t.N+t.Depth > c.ContextLen {
 		return nil, fmt.Errorf("speed: %s exceeds the context of %d", t, c.ContextLen)
+	}
+	custom := newCache != nil
+	if !custom {
+		newCache = func(n int) (model.KVCache, error) { return m.NewFlatCache(max(t.Seqs, 1), n), nil }
 	}
 	if batch <= 0 {
 		batch = 512
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	toks := make([]int32, t.N)
+	toks := make([]int32, t.Depth+t.N)
 	for i := range toks {
 		toks[i] = int32(rng.IntN(c.VocabSize))
 	}
@@ -95,13 +111,42 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	if seqs > 1024 {
 		return nil, fmt.Errorf("speed: %s: at most 1024 sequences", t)
 	}
+	if seqs > 1 && custom {
+		return nil, fmt.Errorf("speed: %s: batched decode runs on the flat cache only", t)
+	}
+	// prompt fills [from, to) of every sequence.
+	prompt := func(cache model.KVCache, from, to int) error {
+		for s := range seqs {
+			for lo := from; lo < to; lo += batch {
+				hi := min(lo+batch, to)
+				b := &model.Batch{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
+				for i := range b.Pos {
+					b.Pos[i], b.Seq[i] = int32(lo+i), int32(s)
+				}
+				if _, err := m.Forward(b, cache); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}
+	var expertBytes uint64 // routed experts read by the timed passes
 	once := func() (time.Duration, error) {
-		cache := m.NewFlatCache(seqs, t.N)
+		cache, err := newCache(t.Depth + t.N)
+		if err != nil {
+			return 0, err
+		}
+		// The depth is filled first and not timed (llama-bench -d).
+		if err := prompt(cache, 0, t.Depth); err != nil {
+			return 0, err
+		}
+		e0 := m.ExpertBytesRead()
+		defer func() { expertBytes += m.ExpertBytesRead() - e0 }()
 		start := time.Now()
 		switch t.Kind {
 		case "pp":
-			for lo := 0; lo < t.N; lo += batch {
-				hi := min(lo+batch, t.N)
+			for lo := t.Depth; lo < t.Depth+t.N; lo += batch {
+				hi := min(lo+batch, t.Depth+t.N)
 				b := &model.Batch{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
 				for i := range b.Pos {
 					b.Pos[i] = int32(lo + i)
@@ -118,9 +163,9 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 				b.Seq[s] = int32(s)
 				b.Logits[s] = true
 			}
-			for i := 0; i < t.N; i++ {
+			for i := t.Depth; i < t.Depth+t.N; i++ {
 				for s := range seqs {
-					b.Tokens[s] = toks[(i+s*7)%t.N]
+					b.Tokens[s] = toks[t.Depth+(i-t.Depth+s*7)%t.N]
 					b.Pos[s] = int32(i)
 				}
 				if _, err := m.Forward(b, cache); err != nil {
@@ -138,7 +183,7 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	r := &Result{Test: t.String(), Tokens: t.N * seqs, Threads: m.Pool().Threads(), Batch: batch,
 		Commit: Commit(), CPU: CPUName(), GoVersion: runtime.Version(), Params: c.Params()}
 	r.SizeBytes, r.Quant = weightBytes(m)
-	expertsBefore := m.ExpertBytesRead()
+	expertBytes = 0
 	for i := 0; i < reps; i++ {
 		d, err := once()
 		if err != nil {
@@ -150,7 +195,7 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	if t.Kind == "tg" {
 		// Weights are read once per step whatever the batch (of a
 		// mixture-of-experts model, the experts some row selected).
-		r.BytesPerToken = float64(r.SizeBytes-routedExpertBytes(m)) + float64(m.ExpertBytesRead()-expertsBefore)/float64(reps*t.N)
+		r.BytesPerToken = float64(r.SizeBytes-routedExpertBytes(m)) + float64(expertBytes)/float64(reps*t.N)
 		r.GBps = r.Mean / float64(seqs) * r.BytesPerToken / 1e9
 		if seqs > 1 {
 			r.Seqs, r.PerSeq = seqs, r.Mean/float64(seqs)

@@ -49,7 +49,9 @@ func runBench(args []string) error {
 	bwMiB := fs.Int("bw", 512, "MiB streamed by the read-bandwidth probe reported next to tg (0 = skip)")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
-	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"bw", 0, 1 << 16}}); err != nil {
+	depth := fs.Int("d", 0, "tokens already in the KV cache before each test (filled untimed, like llama-bench -d)")
+	kvf := addKVFlags(fs)
+	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"bw", 0, 1 << 16}, {"d", 0, 1 << 24}}); err != nil {
 		return err
 	}
 	if *cpuProfile != "" {
@@ -77,7 +79,7 @@ func runBench(args []string) error {
 	var tests []speed.Test
 	for _, n := range pps {
 		if n > 0 {
-			tests = append(tests, speed.Test{Kind: "pp", N: n})
+			tests = append(tests, speed.Test{Kind: "pp", N: n, Depth: *depth})
 		}
 	}
 	nseqs, err := intList(*seqs)
@@ -87,7 +89,7 @@ func runBench(args []string) error {
 	for _, n := range tgs {
 		for _, s := range nseqs {
 			if n > 0 && s > 0 {
-				tests = append(tests, speed.Test{Kind: "tg", N: n, Seqs: s})
+				tests = append(tests, speed.Test{Kind: "tg", N: n, Seqs: s, Depth: *depth})
 			}
 		}
 	}
@@ -95,14 +97,18 @@ func runBench(args []string) error {
 	for _, t := range tests {
 		maxN = max(maxN, t.N)
 	}
-	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN, 0)})
+	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN+*depth, 0)})
 	if err != nil {
 		return err
 	}
 	defer m.Close()
+	newCache, err := kvf.newCache(m)
+	if err != nil {
+		return err
+	}
 	var rs []*speed.Result
 	for _, t := range tests {
-		r, err := speed.Run(m, t, *reps, *batch)
+		r, err := speed.RunCache(m, t, *reps, *batch, newCache)
 		if err != nil {
 			return err
 		}

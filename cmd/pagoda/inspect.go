@@ -10,6 +10,7 @@ import (
 	"pagoda/gguf"
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/progress"
 )
 
 func init() {
@@ -120,6 +121,26 @@ func runInspect(args []string) error {
 		fmt.Fprintf(w, "; MHA equivalent %d bytes f16 (%.1f× more)", mha, float64(mha)/float64(f16))
 	}
 	fmt.Fprintln(w)
+	if !c.MLA {
+		shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
+		var per []string
+		for _, name := range kvcache.FormatNames() {
+			f, err := kvcache.ParseFormat(name)
+			if err != nil {
+				return err
+			}
+			fs := kvcache.SizeOf(shape, f, f, 0)
+			switch {
+			case fs.Err != nil:
+				per = append(per, name+" n/a")
+			case fs.ResidualPerSeq > 0:
+				per = append(per, fmt.Sprintf("%s %.1f (+%s f16 residual a sequence)", name, fs.BytesPerToken, progress.Bytes(fs.ResidualPerSeq)))
+			default:
+				per = append(per, fmt.Sprintf("%s %.1f", name, fs.BytesPerToken))
+			}
+		}
+		fmt.Fprintf(w, "KV formats    bytes a token, scales included: %s\n", strings.Join(per, ", "))
+	}
 	if tok := m.Tokenizer(); tok != nil {
 		v := tok.Vocab()
 		fmt.Fprintf(w, "tokenizer     %s (pre %q), %d tokens, BOS %d EOS %d, add BOS %v\n", v.Model, v.Pre, v.Size(), v.BOS, v.EOS, v.AddBOS)

@@ -8,6 +8,7 @@ import (
 
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/progress"
 )
 
 func init() {
@@ -20,9 +21,11 @@ func runKVSize(args []string) error {
 	shapeName := fs.String("shape", "", "named shape instead of a file (add -mha for the same model without GQA), e.g. llama-2-70b, llama-2-70b-mha")
 	batch := fs.Int("batch", 1, "concurrent sequences")
 	length := fs.Int("len", 4096, "tokens per sequence")
-	dtype := fs.String("dtype", "f16", "storage dtype: f16, bf16, f32")
-	block := fs.Int("block-size", 16, "paged-cache block size in tokens (0 = exact)")
+	dtype := fs.String("dtype", "f16", "storage format: f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, kivi2, kivi4 (kivi options after ':')")
+	block := fs.Int("block-size", 16, "paged-cache block size in tokens (0 = exact; a KIVI format uses its group)")
 	list := fs.Bool("list", false, "list the named shapes")
+	formats := fs.Bool("formats", false, "print bytes per token for every KV format, and the sequences of -len that fit -kv-cache-memory")
+	kvMem := fs.String("kv-cache-memory", "", "with -formats: a KV budget (e.g. 16GiB) to count the sequences of -len that fit")
 	if err := parseFlags(fs, args, []limit{{"batch", 1, inf}, {"len", 1, inf}, {"block-size", 0, 1 << 20}}); err != nil {
 		return err
 	}
@@ -32,9 +35,15 @@ func runKVSize(args []string) error {
 		}
 		return nil
 	}
-	d, err := kvcache.ParseDType(*dtype)
+	f, err := kvcache.ParseFormat(*dtype)
 	if err != nil {
-		return err
+		return fmt.Errorf("-dtype: %w", err)
+	}
+	var budget int64
+	if *kvMem != "" {
+		if budget, err = parseBytes(*kvMem); err != nil {
+			return fmt.Errorf("--kv-cache-memory: %v", err)
+		}
 	}
 	var s kvcache.Shape
 	switch {
@@ -46,6 +55,10 @@ func runKVSize(args []string) error {
 		c := m.Config
 		m.Close()
 		if c.MLA {
+			d, ok := f.(kvcache.DType)
+			if !ok {
+				return fmt.Errorf("-dtype %v: an MLA model's latent cache is stored as f32, f16 or bf16 only", f)
+			}
 			return mlaSize(&c, *modelPath, d, *batch, *length, *block)
 		}
 		s = kvcache.Shape{Name: *modelPath, NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
@@ -55,6 +68,13 @@ func runKVSize(args []string) error {
 		}
 	default:
 		return fmt.Errorf("give -m MODEL or -shape NAME (-list shows the names)")
+	}
+	if *formats {
+		return formatTable(s, *batch, *length, budget)
+	}
+	d, ok := f.(kvcache.DType)
+	if !ok {
+		return quantSize(s, f, *batch, *length)
 	}
 	per := kvcache.KVBytesPerToken(s, d)
 	total, err := kvcache.Size(s, *batch, *length, d, *block)
@@ -113,5 +133,69 @@ func mlaSize(c *model.Config, name string, d kvcache.DType, batch, length, block
 	fmt.Fprintf(w, "total\t%.0f bytes = %.2f GB (%.2f GiB)\n", total, total/1e9, total/(1<<30))
 	fmt.Fprintf(w, "MHA equivalent\t%d bytes per token (K %d + V %d per head), %.2f GB (%.1f× more)\n",
 		mha, c.QKNope+c.QKRope, c.VHeadDim, total*float64(mha)/float64(per)/1e9, float64(mha)/float64(per))
+	return w.Flush()
+}
+
+// quantSize reports a quantized format's bytes: codes and scales per
+// token from the block pool, plus KIVI's f16 residual window.
+func quantSize(s kvcache.Shape, f kvcache.Format, batch, length int) error {
+	fs := kvcache.SizeOf(s, f, f, 0)
+	if fs.Err != nil {
+		return fmt.Errorf("-dtype %s: %w", f, fs.Err)
+	}
+	f16 := kvcache.SizeOf(s, kvcache.F16, kvcache.F16, 0)
+	blocks := (length + fs.BlockSize - 1) / fs.BlockSize
+	total := float64(batch) * (fs.BytesPerToken*float64(blocks*fs.BlockSize) + float64(fs.ResidualPerSeq))
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "model\t%s\n", s.Name)
+	fmt.Fprintf(w, "layers × KV heads × head dim\t%d × %d × %d (query heads %d)\n", s.NLayer, s.NKVHead, s.HeadDim, s.NHead)
+	fmt.Fprintf(w, "format\t%s (blocks of %d tokens)\n", f, fs.BlockSize)
+	fmt.Fprintf(w, "bytes per token\t%.1f (%.3f× f16), scales included\n", fs.BytesPerToken, fs.BytesPerToken/f16.BytesPerToken)
+	if fs.ResidualPerSeq > 0 {
+		fmt.Fprintf(w, "residual per sequence\t%d bytes of f16 rows at most (%.1f MB)\n", fs.ResidualPerSeq, float64(fs.ResidualPerSeq)/1e6)
+	}
+	fmt.Fprintf(w, "batch × length\t%d × %d\n", batch, length)
+	fmt.Fprintf(w, "total\t%.0f bytes = %.2f GB (%.2f GiB)\n", total, total/1e9, total/(1<<30))
+	return w.Flush()
+}
+
+// formatTable prints every format's bytes per token on s, and with a
+// budget the sequences of length tokens that fit it.
+func formatTable(s kvcache.Shape, batch, length int, budget int64) error {
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintf(os.Stdout, "%s: %d layers × %d KV heads × head dim %d; %d × %d tokens\n", s.Name, s.NLayer, s.NKVHead, s.HeadDim, batch, length)
+	hdr := "format\tblock\tbytes/token\t× f16\tresidual/seq\ttotal GB\t"
+	if budget > 0 {
+		hdr += fmt.Sprintf("seqs of %d in %s\t", length, progress.Bytes(budget))
+	}
+	fmt.Fprintln(w, hdr)
+	f16 := kvcache.SizeOf(s, kvcache.F16, kvcache.F16, 0)
+	for _, name := range kvcache.FormatNames() {
+		f, err := kvcache.ParseFormat(name)
+		if err != nil {
+			return err
+		}
+		fs := kvcache.SizeOf(s, f, f, 0)
+		if fs.Err != nil {
+			fmt.Fprintf(w, "%s\t-\tn/a: head dim %d\t\t\t\t", name, s.HeadDim)
+			if budget > 0 {
+				fmt.Fprint(w, "\t")
+			}
+			fmt.Fprintln(w)
+			continue
+		}
+		blocks := (length + fs.BlockSize - 1) / fs.BlockSize
+		total := float64(batch) * (fs.BytesPerToken*float64(blocks*fs.BlockSize) + float64(fs.ResidualPerSeq))
+		fmt.Fprintf(w, "%s\t%d\t%.1f\t%.3f\t%s\t%.2f\t", name, fs.BlockSize, fs.BytesPerToken, fs.BytesPerToken/f16.BytesPerToken,
+			progress.Bytes(fs.ResidualPerSeq), total/1e9)
+		if budget > 0 {
+			n, err := fs.SeqsThatFit(budget, length)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(w, "%d\t", n)
+		}
+		fmt.Fprintln(w)
+	}
 	return w.Flush()
 }

@@ -82,6 +82,7 @@ func runRun(args []string) error {
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-generation tokens")
 	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
 	kvPolicy := fs.String("kv-policy", "", kvPolicyHelp)
+	kvf := addKVFlags(fs)
 	var stops stringList
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
@@ -105,8 +106,12 @@ func runRun(args []string) error {
 	if tok == nil {
 		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", path)
 	}
+	newCache, err := kvf.newCache(m)
+	if err != nil {
+		return err
+	}
 	opts := generate.Options{MaxTokens: *maxTokens, Sampling: sf.params(), StopStrings: stops,
-		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP}
+		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP, NewCache: newCache}
 	if _, err := sample.New(opts.Sampling); err != nil {
 		return err
 	}

@@ -41,6 +41,7 @@ func runScore(args []string) error {
 	jsonOut := fs.Bool("json", false, "JSON output")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
+	kvf := addKVFlags(fs)
 	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}}); err != nil {
 		return err
 	}
@@ -80,7 +81,11 @@ func runScore(args []string) error {
 	if len(ids) < 2 && !*logits {
 		return fmt.Errorf("need at least two tokens to score, got %d", len(ids))
 	}
-	sc, err := generate.ScoreTokens(m, ids, *logits && *jsonOut, 0)
+	newCache, err := kvf.newCache(m)
+	if err != nil {
+		return err
+	}
+	sc, err := generate.ScoreTokensCache(m, ids, *logits && *jsonOut, 0, newCache)
 	if err != nil {
 		return err
 	}

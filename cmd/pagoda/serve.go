@@ -20,6 +20,7 @@ import (
 	"pagoda/engine"
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/progress"
 	"pagoda/server"
 )
 
@@ -130,7 +131,7 @@ func runServe(args []string) error {
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
 	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM); refused when over the memory available (Linux: MemAvailable, or a cgroup v2 memory.max)")
 	kvFrac := fs.Float64("kv-cache-fraction", 0.25, "fraction of available RAM for the KV cache when --kv-cache-memory is not set")
-	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32, q8_0, q4_0 (q formats need head dims that are multiples of 32)")
+	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (head dims multiples of 32), kivi2, kivi4 (options kivi2:g=32,r=128; --block-size defaults to g)")
 	kvDTypeK := fs.String("kv-dtype-k", "", "KV-cache storage of keys (default --kv-dtype)")
 	kvDTypeV := fs.String("kv-dtype-v", "", "KV-cache storage of values (default --kv-dtype)")
 	blockSize := fs.Int("block-size", 16, "tokens per KV block")
@@ -172,6 +173,9 @@ func runServe(args []string) error {
 	// A float --kv-dtype stays the cache's DType, the default of groups
 	// the K/V formats do not reach.
 	dt, _ := kf.(kvcache.DType)
+	if !flagSet(fs, "block-size") {
+		*blockSize = max(kvcache.FormatBlockSize(kfK), kvcache.FormatBlockSize(kfV))
+	}
 	var budget int64
 	if *kvMem != "" {
 		if budget, err = parseBytes(*kvMem); err != nil {
@@ -214,6 +218,25 @@ func runServe(args []string) error {
 		return err
 	}
 	nkv, kd, vd := c.KVShape()
+	if vd == 0 && (!isFloatKV(kfK) || !isFloatKV(kfV)) {
+		return fmt.Errorf("--kv-dtype %v/%v: an MLA model's latent cache is stored as f32, f16 or bf16 only", kfK, kfV)
+	}
+	// KIVI keeps each sequence's most recent tokens in f16 beside the
+	// block pool: that room comes out of the budget first.
+	shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
+	if sz := kvcache.SizeOf(shape, kfK, kfV, *blockSize); sz.Err != nil && vd != 0 {
+		return fmt.Errorf("--kv-dtype K %v V %v with --block-size %d: %w", kfK, kfV, *blockSize, sz.Err)
+	}
+	if budget > 0 && vd != 0 {
+		if sz := kvcache.SizeOf(shape, kfK, kfV, *blockSize); sz.ResidualPerSeq > 0 {
+			resid := sz.ResidualPerSeq * int64(*maxSeqs)
+			if resid >= budget {
+				return fmt.Errorf("--kv-cache-memory: %d sequences' residual windows of %s (%s each) leave nothing of %s for blocks; lower --max-num-seqs or the residual r=",
+					*maxSeqs, kfK, progress.Bytes(sz.ResidualPerSeq), progress.Bytes(budget))
+			}
+			budget -= resid
+		}
+	}
 	reg := prometheus.NewRegistry()
 	eng, err := engine.New(m, tok, engine.Config{
 		ModelName: *name, NLayer: c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
@@ -265,4 +288,21 @@ func parseKVFormat(s, def string) (kvcache.Format, error) {
 		return nil, fmt.Errorf("--kv-dtype: %w", err)
 	}
 	return f, nil
+}
+
+// flagSet says whether name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
+// isFloatKV says whether f stores plain floats (no blocks, scales or
+// residual windows).
+func isFloatKV(f kvcache.Format) bool {
+	switch f.String() {
+	case "f32", "f16", "bf16":
+		return true
+	}
+	return false
 }

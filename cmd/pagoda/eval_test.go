@@ -1,0 +1,91 @@
+package main
+
+import (
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestEvalCommand: pagoda eval on the built-in model prints the table and
+// JSON whose exact configuration is lossless, writes the CSV, and refuses
+// bad configurations naming the flag.
+func TestEvalCommand(t *testing.T) {
+	text := "--text=Once upon a time, there was a little girl named Lily. She loved to play outside in the sun."
+	code, stdout, stderr := pagoda(t, "eval", "--threads", "1", text, "--kv", "f32,kivi2:r=0", "--kv", "bf16", "--json")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var rep struct {
+		Tokens  int
+		Results []struct {
+			Name    string
+			KLMean  float64 `json:"kl_mean"`
+			Top1    float64
+			PPL     float64
+			BytesPT float64 `json:"bytes_per_token"`
+		}
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	if len(rep.Results) != 3 || rep.Results[0].Name != "f32" || rep.Results[0].KLMean != 0 || rep.Results[0].Top1 != 1 ||
+		rep.Results[1].Name != "kivi2:r=0" || rep.Results[2].Name != "bf16" || rep.Results[2].BytesPT*2 != rep.Results[0].BytesPT {
+		t.Errorf("results: %+v", rep.Results)
+	}
+	csvPath := filepath.Join(t.TempDir(), "out.csv")
+	code, stdout, stderr = pagoda(t, "eval", "--threads", "1", text, "--kv", "f16", "--csv", csvPath)
+	if code != 0 || !strings.Contains(stdout, "KL mean") || !strings.Contains(stdout, "f16") {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	if b, err := os.ReadFile(csvPath); err != nil || !strings.HasPrefix(string(b), "config,k_format") || strings.Count(string(b), "\n") != 2 {
+		t.Errorf("csv: %q %v", b, err)
+	}
+	for _, c := range []struct{ kv, want string }{
+		{"q9_0", "--kv q9_0"},
+		{"kivi2:r=40", "not a multiple of the group"},
+		{"q8_0", "--kv q8_0: kvcache: q8_0 needs head dims that are multiples of 32, not 8"},
+	} {
+		code, _, stderr := pagoda(t, "eval", text, "--kv", c.kv)
+		if code != 1 || !strings.Contains(stderr, c.want) {
+			t.Errorf("--kv %s: exit %d, stderr %q", c.kv, code, stderr)
+		}
+	}
+}
+
+// TestKVDTypeFlags: score on a paged f32 cache gives the flat cache's
+// perplexity, a 2-bit KIVI cache a different one; bench runs at a depth
+// on a quantized cache; a format the model cannot store is refused
+// naming the flag.
+func TestKVDTypeFlags(t *testing.T) {
+	text := "--text=Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she saw a big dog."
+	ppl := func(args ...string) string {
+		t.Helper()
+		code, stdout, stderr := pagoda(t, append([]string{"score", "--threads", "1", text}, args...)...)
+		if code != 0 {
+			t.Fatalf("score %v: exit %d: %s", args, code, stderr)
+		}
+		i := strings.LastIndex(stdout, "perplexity ")
+		if i < 0 {
+			t.Fatalf("no perplexity in %q", stdout)
+		}
+		return strings.TrimSpace(stdout[i:])
+	}
+	flat, paged, kivi := ppl(), ppl("--kv-dtype", "f32"), ppl("--kv-dtype", "kivi2:g=16,r=0")
+	if flat != paged || kivi == flat {
+		t.Errorf("flat %s, paged f32 %s, kivi2 %s", flat, paged, kivi)
+	}
+	code, _, stderr := pagoda(t, "score", text, "--kv-dtype-k", "q4_0")
+	if code != 1 || !strings.Contains(stderr, "--kv-dtype K q4_0 V f16: kvcache: q4_0 needs head dims that are multiples of 32") {
+		t.Errorf("q4_0 keys on head dim 8: exit %d, %s", code, stderr)
+	}
+	m := filepath.Join(t.TempDir(), "m.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-o", m, "-preset", "tiny"); code != 0 {
+		t.Skipf("synth: %s", stderr)
+	}
+	code, stdout, stderr := pagoda(t, "bench", "-m", m, "-t", "1", "-r", "1", "-p", "0", "-n", "4", "-d", "64", "--kv-dtype", "kivi4:g=16,r=16", "--json")
+	if code != 0 || !strings.Contains(stdout, `"test": "tg4 @ d64"`) {
+		t.Errorf("bench at depth: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
