@@ -191,6 +191,7 @@ func (r *run) open(c *model.Config, n int) error {
 		NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: bs,
 		NumBlocks: (n+bs-1)/bs + 1, DType: kvcache.F32, KFormat: kf, VFormat: vf,
 		Window: c.SlidingWindow, Groups: policyGroups(c, s.Policy),
+		Rope: &kvcache.Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim},
 	})
 	if err != nil {
 		return err
