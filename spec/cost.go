@@ -1,0 +1,83 @@
+package spec
+
+import "math"
+
+// Cost models what a step costs, from measurements: the target's forward
+// pass as a + b·tokens seconds (fitted by least squares over recent steps,
+// older ones decaying), and the proposer's time per drafted token d. On a
+// CPU a decode step is bound by reading the weights, so a is large and b
+// small while the batch is small; as the batch grows the step becomes
+// compute-bound, b·tokens dominates, and verifying drafts stops paying.
+// The zero value is ready to use.
+type Cost struct {
+	w, sx, sy, sxx, sxy float64 // decayed sums over steps
+	dw, dTok, dSec      float64 // decayed sums over proposals
+}
+
+// costDecay is the weight a step's measurement keeps per later step.
+const costDecay = 0.98
+
+// ObserveStep records a target forward pass over tokens tokens.
+func (c *Cost) ObserveStep(tokens int, seconds float64) {
+	x := float64(tokens)
+	c.w = c.w*costDecay + 1
+	c.sx = c.sx*costDecay + x
+	c.sy = c.sy*costDecay + seconds
+	c.sxx = c.sxx*costDecay + x*x
+	c.sxy = c.sxy*costDecay + x*seconds
+}
+
+// ObserveDraft records a proposal round that drafted tokens tokens.
+func (c *Cost) ObserveDraft(tokens int, seconds float64) {
+	c.dw = c.dw*costDecay + 1
+	c.dTok = c.dTok*costDecay + float64(tokens)
+	c.dSec = c.dSec*costDecay + seconds
+}
+
+// Line is the fitted step time a + b·tokens; ok is false until the
+// steps seen vary enough in size to separate a from b.
+func (c *Cost) Line() (a, b float64, ok bool) {
+	if c.w < 4 {
+		return 0, 0, false
+	}
+	mx, my := c.sx/c.w, c.sy/c.w
+	vx := c.sxx/c.w - mx*mx
+	if vx < 0.25 {
+		return 0, 0, false
+	}
+	b = (c.sxy/c.w - mx*my) / vx
+	b = max(b, 0)
+	a = max(my-b*mx, 0)
+	return a, b, true
+}
+
+// DraftPerToken is the proposer's measured seconds per drafted token.
+func (c *Cost) DraftPerToken() float64 {
+	if c.dTok <= 0 {
+		return 0
+	}
+	return c.dSec / c.dTok
+}
+
+// Gamma is how many drafts a sequence with acceptance rate alpha should
+// have verified in a step that, without drafts, forwards tokens tokens for
+// seqs decoding sequences, at most max. The k-th draft yields α^k tokens
+// on average and costs b + d seconds; it pays when that beats the step's
+// plain rate, seqs/(a + b·tokens) tokens per second. Before the fit is
+// known it returns max, so that speculation runs and is measured.
+func (c *Cost) Gamma(alpha float64, tokens, seqs, max int) int {
+	a, b, ok := c.Line()
+	if !ok {
+		return max
+	}
+	per := b + c.DraftPerToken()
+	if per <= 0 {
+		return max
+	}
+	rate := float64(seqs) / (a + b*float64(tokens))
+	g := 0
+	for g < max && math.Pow(alpha, float64(g+1)) > per*rate {
+		g++
+	}
+	return g
+}
