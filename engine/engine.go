@@ -154,6 +154,9 @@ type Engine struct {
 	specReqs []*spec.Req
 	specErrs uint64
 	hist     []int32 // a sequence's tokens and its accepted drafts, while verifying
+	// accept is the acceptance test, spec.Accept; the tests swap in a
+	// wrong one to show that the exactness test can fail.
+	accept func(p, q []float32, x int32, u float64) bool
 }
 
 type request struct {
@@ -247,7 +250,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		km = specKV{kv, cfg.Spec.Proposer}
 	}
 	e := &Engine{
-		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax,
+		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}), forceCh: make(chan struct{}), done: make(chan struct{}),
 	}

@@ -154,7 +154,7 @@ func (e *Engine) verify(w *scheduled, rows []float32, now time.Time) outcome {
 		default:
 			_, p := ps.SampleProbs(lg, hist)
 			qi, x := q[i*V:(i+1)*V], w.draft[i]
-			if ok = spec.Accept(p, qi, x, c.vrng.Float64()); ok {
+			if ok = e.accept(p, qi, x, c.vrng.Float64()); ok {
 				tok = x
 			} else {
 				tok = spec.Residual(p, qi, c.vrng.Float64())

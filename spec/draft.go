@@ -57,10 +57,13 @@ func NewDraft(m *model.Model, target *tokenizer.Vocab, o DraftOptions) (*Draft, 
 	if err := CheckVocab(target, dv); err != nil {
 		return nil, err
 	}
-	return newDraft(m, m.Config, o)
+	return NewDraftFrom(m, m.Config, o)
 }
 
-func newDraft(fw Forwarder, c model.Config, o DraftOptions) (*Draft, error) {
+// NewDraftFrom makes a draft-model proposer of any forwarder with config c
+// (its shape, vocabulary size and context), without a vocabulary check:
+// the caller vouches that the ids mean the same tokens.
+func NewDraftFrom(fw Forwarder, c model.Config, o DraftOptions) (*Draft, error) {
 	if o.TargetVocab <= 0 {
 		return nil, fmt.Errorf("spec: draft: target vocabulary size %d", o.TargetVocab)
 	}
