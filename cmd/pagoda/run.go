@@ -85,7 +85,9 @@ func runRun(args []string) error {
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
 	sf.register(fs)
-	if err := parseFlags(fs, args, append(runLimits, samplingLimits...)); err != nil {
+	var spf specFlags
+	spf.register(fs)
+	if err := parseFlags(fs, args, append(append(runLimits, samplingLimits...), specLimits...)); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -104,6 +106,23 @@ func runRun(args []string) error {
 	if tok == nil {
 		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", path)
 	}
+	gen := directGen(m, tok)
+	sc, closeDraft, err := spf.build(m, *threads)
+	if err != nil {
+		return err
+	}
+	defer closeDraft()
+	if sc.Proposer != nil {
+		eng, err := specEngine(m, tok, sc)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			eng.Stop(context.Background())
+			fmt.Fprintln(os.Stderr, specSummary(sc.Method, eng.Stats()))
+		}()
+		gen = engineGen(eng)
+	}
 	opts := generate.Options{MaxTokens: *maxTokens, Sampling: sf.params(), StopStrings: stops,
 		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP}
 	if _, err := sample.New(opts.Sampling); err != nil {
@@ -119,7 +138,7 @@ func runRun(args []string) error {
 		if len(ids) == 0 {
 			return fmt.Errorf("the prompt is empty and the vocabulary adds no BOS token; give -p")
 		}
-		_, err := runOnce(ctx, m, tok, ids, opts, out, *jsonOut, *prompt)
+		_, err := runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, *prompt)
 		return err
 	}
 	var msgs []jinja.Message
@@ -132,7 +151,7 @@ func runRun(args []string) error {
 		if err != nil {
 			return err
 		}
-		_, err = runOnce(ctx, m, tok, ids, opts, out, *jsonOut, "")
+		_, err = runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, "")
 		return err
 	}
 	in := bufio.NewScanner(os.Stdin)
@@ -153,7 +172,7 @@ func runRun(args []string) error {
 		if err != nil {
 			return err
 		}
-		res, err := runOnce(ctx, m, tok, ids, opts, out, *jsonOut, "")
+		res, err := runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, "")
 		if err != nil {
 			return err
 		}
@@ -208,7 +227,7 @@ type jsonTopAlt struct {
 	Logprob float32 `json:"logprob"`
 }
 
-func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, ids []int32, o generate.Options, out *bufio.Writer, jsonOut bool, echo string) (*generate.Result, error) {
+func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, gen genFunc, ids []int32, o generate.Options, out *bufio.Writer, jsonOut bool, echo string) (*generate.Result, error) {
 	// Checked here as well as in Generate so that a prompt that cannot fit
 	// is refused before it is echoed.
 	if c := m.Config.ContextLen; len(ids) >= c {
@@ -219,7 +238,7 @@ func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, ids [
 		fmt.Fprint(out, echo)
 		out.Flush()
 	}
-	res, err := generate.Generate(ctx, m, tok, ids, o, func(t generate.Token) error {
+	res, err := gen(ctx, ids, o, func(t generate.Token) error {
 		if jsonOut {
 			if t.ID < 0 {
 				return nil
