@@ -12,6 +12,9 @@ import "math"
 type Cost struct {
 	w, sx, sy, sxx, sxy float64 // decayed sums over steps
 	dw, dTok, dSec      float64 // decayed sums over proposals
+	explore             int     // turns of Gamma while the fit is unknown
+	fitA, fitB          float64 // the last fit the data supported
+	fitted              bool
 }
 
 // costDecay is the weight a step's measurement keeps per later step.
@@ -35,20 +38,18 @@ func (c *Cost) ObserveDraft(tokens int, seconds float64) {
 }
 
 // Line is the fitted step time a + b·tokens; ok is false until the
-// steps seen vary enough in size to separate a from b.
+// steps seen vary enough in size to separate a from b. When they stop
+// varying (speculation found not to pay, every step one size) the last
+// fit they supported stands.
 func (c *Cost) Line() (a, b float64, ok bool) {
-	if c.w < 4 {
-		return 0, 0, false
+	if c.w >= 4 {
+		mx, my := c.sx/c.w, c.sy/c.w
+		if vx := c.sxx/c.w - mx*mx; vx >= 0.25 {
+			b = max((c.sxy/c.w-mx*my)/vx, 0)
+			c.fitA, c.fitB, c.fitted = max(my-b*mx, 0), b, true
+		}
 	}
-	mx, my := c.sx/c.w, c.sy/c.w
-	vx := c.sxx/c.w - mx*mx
-	if vx < 0.25 {
-		return 0, 0, false
-	}
-	b = (c.sxy/c.w - mx*my) / vx
-	b = max(b, 0)
-	a = max(my-b*mx, 0)
-	return a, b, true
+	return c.fitA, c.fitB, c.fitted
 }
 
 // DraftPerToken is the proposer's measured seconds per drafted token.
@@ -63,12 +64,15 @@ func (c *Cost) DraftPerToken() float64 {
 // have verified in a step that, without drafts, forwards tokens tokens for
 // seqs decoding sequences, at most max. The k-th draft yields α^k tokens
 // on average and costs b + d seconds; it pays when that beats the step's
-// plain rate, seqs/(a + b·tokens) tokens per second. Before the fit is
-// known it returns max, so that speculation runs and is measured.
+// plain rate, seqs/(a + b·tokens) tokens per second. Until the fit is
+// known it cycles through 0..max, so that steps of different sizes get
+// measured (always drafting max would give steps of one size, from which
+// a and b cannot be told apart).
 func (c *Cost) Gamma(alpha float64, tokens, seqs, max int) int {
 	a, b, ok := c.Line()
 	if !ok {
-		return max
+		c.explore++
+		return c.explore % (max + 1)
 	}
 	per := b + c.DraftPerToken()
 	if per <= 0 {
