@@ -191,12 +191,9 @@ func (d *Draft) pick(a *drafting, lg []float32) bool {
 		x, q = r.Sampler.SampleProbs(d.scratch, a.hist)
 	}
 	if q != nil && r.Sampler.Params().Temperature != 0 {
-		if r.Probs == nil {
-			r.Probs = make([]float32, 0, a.max*d.vt)
-		}
 		row := len(r.Probs)
-		r.Probs = append(r.Probs, make([]float32, d.vt)...)
-		copy(r.Probs[row:], q)
+		r.Probs = slices.Grow(r.Probs, d.vt)[:row+d.vt]
+		clear(r.Probs[row+copy(r.Probs[row:], q):])
 	}
 	r.Draft = append(r.Draft, x)
 	a.hist = append(a.hist, x)
