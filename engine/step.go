@@ -14,6 +14,9 @@ func (e *Engine) step() bool {
 	if e.cfg.Spec.Proposer != nil {
 		e.propose()
 	}
+	// The cost model times the whole step but the proposer (timed on its
+	// own): scheduling, the forward pass, sampling and verification.
+	t0 := time.Now()
 	p := e.sch.Schedule()
 	e.account(p)
 	if len(p.seqs) == 0 {
@@ -22,9 +25,7 @@ func (e *Engine) step() bool {
 	e.buildBatch(p)
 	e.st.Steps++
 	e.st.BatchedTokens += uint64(p.tokens)
-	t0 := time.Now()
 	logits, err := e.fw.Forward(&e.batch, e.kv)
-	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
 		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), p.rows, e.cfg.VocabSize)
 	}
@@ -37,6 +38,7 @@ func (e *Engine) step() bool {
 		return true
 	}
 	e.sch.Update(p, e.sampleStep(p, logits))
+	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
 	return true
 }
 

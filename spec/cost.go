@@ -2,8 +2,9 @@ package spec
 
 import "math"
 
-// Cost models what a step costs, from measurements: the target's forward
-// pass as a + b·tokens seconds (fitted by least squares over recent steps,
+// Cost models what a step costs, from measurements: the target's step
+// (forward pass, sampling and verification, bookkeeping) as a + b·tokens
+// seconds (fitted by least squares over recent steps,
 // older ones decaying), and the proposer's time per drafted token d. On a
 // CPU a decode step is bound by reading the weights, so a is large and b
 // small while the batch is small; as the batch grows the step becomes
