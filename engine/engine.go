@@ -49,6 +49,15 @@ type Config struct {
 	// sequence holds about SlidingWindow/BlockSize+1 blocks and may grow
 	// past what the pool holds.
 	SlidingWindow int
+	// KVPolicy decides what each sequence attends and which blocks it
+	// gives back (kvcache.ParsePolicy; nil: full attention, or the
+	// sliding window). A policy that keeps distances bounded
+	// (StreamingLLM) lets a request generate past ContextLen: only an
+	// explicit max_tokens then limits it.
+	KVPolicy kvcache.Policy
+	// KVRope is the model's rotary embedding, for policies that move
+	// positions (ModelConfig fills it).
+	KVRope *kvcache.Rotary
 
 	MaxNumBatchedTokens int // token budget of one step; 0 = 512
 	MaxNumSeqs          int // sequences in one step; 0 = 64
@@ -122,12 +131,13 @@ type Stats struct {
 // Start) owns the scheduler and the KV cache; Submit, Stats and Stop may be
 // called from any goroutine.
 type Engine struct {
-	fw    Forwarder
-	tok   tokenizer.Tokenizer
-	vocab *tokenizer.Vocab
-	cfg   Config
-	kv    *kvcache.Cache
-	m     *metrics
+	fw     Forwarder
+	maxLen int // tokens a sequence may reach: ContextLen, or more under a streaming policy
+	tok    tokenizer.Tokenizer
+	vocab  *tokenizer.Vocab
+	cfg    Config
+	kv     *kvcache.Cache
+	m      *metrics
 
 	mu       sync.Mutex
 	inNew    []*request
@@ -226,6 +236,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
 		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
 		DType: cfg.KVDType, KFormat: cfg.KVFormatK, VFormat: cfg.KVFormatV, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
+		Policy: cfg.KVPolicy, Rope: cfg.KVRope,
 	}
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
 		// Every format's bytes are linear in the block's tokens, so this
@@ -251,11 +262,15 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	}
 	e := &Engine{
 		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
+		maxLen: cfg.ContextLen,
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}), forceCh: make(chan struct{}), done: make(chan struct{}),
 	}
 	if e.vocab == nil {
 		e.vocab = &tokenizer.Vocab{BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1}
+	}
+	if kv.PositionLimit() > 0 && kv.MaxSeqBlocks(e.sch.maxChunk()) > 0 {
+		e.maxLen = kv.PositionLimit()
 	}
 	e.publish()
 	return e, nil
@@ -411,23 +426,25 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	if peak := e.kv.MaxSeqBlocks(e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
 		// The window bounds what a sequence ever holds at once (the
 		// largest chunk included), so only the context limits it.
-		kvTokens = c.ContextLen
+		kvTokens = e.maxLen
 	}
 	n := len(r.Prompt)
 	switch {
 	case r.MaxTokens == 0:
+		// Without max_tokens a request stops at the model's context even
+		// when a streaming policy would let it run on.
 		limit, what := c.ContextLen, "context"
 		if kvTokens < limit {
 			limit, what = kvTokens, "KV cache"
 		}
-		if n >= limit {
+		if n >= e.maxLen || (e.maxLen == c.ContextLen && n >= limit) {
 			return nil, &TooLongError{Prompt: n, Limit: limit, What: what}
 		}
-		q.maxTokens = limit - n
+		q.maxTokens = max(limit-n, 1)
 	// Subtract rather than add: a client's max_tokens near MaxInt would
 	// make n+MaxTokens wrap negative and slip past both limits.
-	case r.MaxTokens > c.ContextLen-n:
-		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: c.ContextLen, What: "context"}
+	case r.MaxTokens > e.maxLen-n:
+		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: e.maxLen, What: "context"}
 	case r.MaxTokens > kvTokens-n:
 		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: kvTokens, What: "KV cache"}
 	default:
@@ -490,7 +507,8 @@ func (e *Engine) takeInbox() {
 	e.inBlocks = nil
 	e.mu.Unlock()
 	for _, r := range news {
-		e.sch.add(r)
+		s := e.sch.add(r)
+		e.kv.NotePrompt(s.id, len(r.r.Prompt))
 	}
 	for _, r := range cancels {
 		e.endRequest(r, FinishCancelled, nil)

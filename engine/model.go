@@ -1,6 +1,9 @@
 package engine
 
-import "pagoda/model"
+import (
+	"pagoda/kvcache"
+	"pagoda/model"
+)
 
 // ModelConfig fills the shape fields of a Config from a loaded model; the
 // caller sets the serving limits on the result.
@@ -11,6 +14,7 @@ func ModelConfig(m *model.Model, name string) Config {
 		NLayer:    c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
 		SlidingWindow: c.SlidingWindow,
+		KVRope:        &kvcache.Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim},
 		Ops:           m.Ops(),
 	}
 }

@@ -78,23 +78,6 @@ func specWorkload(seed uint64, n int) []*Request {
 	return reqs
 }
 
-// runAll submits reqs at once and collects their results.
-func runAll(t *testing.T, e *Engine, reqs []*Request) []result {
-	t.Helper()
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		ch, err := e.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); got[i] = collect(t, ch, max(r.N, 1)) }()
-	}
-	wg.Wait()
-	return got
-}
-
 func refsOf(reqs []*Request, res []result) [][]int32 {
 	var refs [][]int32
 	for i, r := range reqs {

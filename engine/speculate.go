@@ -50,9 +50,12 @@ const probeEvery = 16
 // (Request.SpecTokens < 0), and its samplers must report the distribution
 // they draw from. A constrained request (a grammar or JSON-schema mask)
 // wraps its sampler in one that does not, so it never speculates: its
-// mask would have to advance over every draft position.
+// mask would have to advance over every draft position. A KV policy
+// (Config.KVPolicy: sinks, windows, shifted positions) turns speculation
+// off too: rolling drafts back under a policy that moves or drops
+// positions is not verified yet.
 func (e *Engine) specTokens(r *request) int {
-	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 {
+	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || e.cfg.KVPolicy != nil {
 		return 0
 	}
 	for i := range r.comps {
@@ -85,7 +88,7 @@ func (e *Engine) propose() {
 		c := &r.comps[s.index]
 		// Each verification yields at most max+1 tokens; drafts beyond
 		// max_tokens or the context would be wasted or out of range.
-		max = min(max, r.maxTokens-c.nOut-1, e.cfg.ContextLen-len(s.tokens))
+		max = min(max, r.maxTokens-c.nOut-1, e.maxLen-len(s.tokens))
 		if max <= 0 {
 			continue
 		}

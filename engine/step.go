@@ -293,7 +293,7 @@ func (e *Engine) finishReason(r *request, c *completion, tok int32, length int, 
 	switch {
 	case stopped:
 		return FinishStop
-	case c.nOut >= r.maxTokens || length >= e.cfg.ContextLen:
+	case c.nOut >= r.maxTokens || length >= e.maxLen:
 		ev.Text += c.text.flush()
 		return FinishLength
 	}

@@ -23,6 +23,7 @@ type stepSeq struct {
 	id      int32
 	blocks  []int32 // the block table, holes released
 	maxHole int     // highest released logical block, -1 for none
+	rows    int     // rows of the step: 1 for a decode, more for a prompt chunk
 }
 
 // groupVis is what the group's policy lets each row attend: the spans of
@@ -56,6 +57,7 @@ func (c *Cache) Begin(b *model.Batch) error {
 			st.seqs = append(st.seqs, s)
 		}
 		s := &st.seqs[len(st.seqs)-1]
+		s.rows++
 		blk := int(pos) / c.bs
 		if pos < 0 || blk >= len(s.blocks) {
 			return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(s.blocks))
@@ -81,6 +83,9 @@ func (c *Cache) Begin(b *model.Batch) error {
 			}
 			v.off = append(v.off, int32(len(v.spans)))
 		}
+		if sp, ok := g.Policy.(stepper); ok {
+			sp.beginStep()
+		}
 	}
 	return nil
 }
@@ -103,6 +108,8 @@ type attnScratch struct {
 	allSo                   []int
 	ln, base, cur, col, pos []int // per query: visible positions, score offset, walk state, position
 	scores                  []float32
+	below, shift            []int     // per query: a QueryShifter's bound and distance
+	qrot                    []float32 // the queries rotated by shift
 }
 
 // Attend implements model.KVCache with a two-pass softmax over the rows
@@ -142,14 +149,26 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 		sc.all, sc.allSo = append(sc.all[:0], sc.spans...), append(sc.allSo[:0], sc.so...)
 	}
 	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
+	shifted := c.shiftQueries(sc, g.Policy, sq.id, q[:n*qd], qd)
 	for kh := 0; kh < p.NKVHead; kh++ {
 		if sel != nil {
 			c.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
 				return q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
 			}, n, group)
 		}
-		c.walk(sc, sq, n, func(i, page, from, to, col int) {
+		c.walk(sc, sq, n, func(i, blk, page, from, to, col int) {
 			qi := q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
+			if shifted && sc.shift[i] != 0 {
+				// Keys below the bound are scored from the shifted query.
+				b := sc.below[i] - blk*c.bs
+				qs := sc.qrot[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
+				if b >= to {
+					qi = qs
+				} else if b > from {
+					ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qs, page, kh, from, b)
+					col, from = col+b-from, b
+				}
+			}
 			ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qi, page, kh, from, to)
 		})
 		for i := 0; i < n; i++ {
@@ -167,7 +186,7 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 				}
 			}
 		}
-		c.walk(sc, sq, n, func(i, page, from, to, col int) {
+		c.walk(sc, sq, n, func(i, _, page, from, to, col int) {
 			oi := out[i*od+kh*group*vd : i*od+(kh+1)*group*vd]
 			vp.Mix(oi, scores[sc.base[i]+col:], sc.ln[i], page, kh, from, to)
 		})
@@ -216,6 +235,37 @@ func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int
 	return total
 }
 
+// shiftQueries asks a QueryShifter where each query's positions move and
+// rotates the queries that move into sc.qrot; false when none does.
+func (c *Cache) shiftQueries(sc *attnScratch, pol Policy, seq int32, q []float32, qd int) bool {
+	qs, ok := pol.(QueryShifter)
+	if !ok {
+		return false
+	}
+	n := len(sc.pos)
+	sc.below, sc.shift = sc.below[:0], sc.shift[:0]
+	any := false
+	for i := 0; i < n; i++ {
+		b, d := qs.QueryShift(seq, sc.pos[i])
+		sc.below, sc.shift = append(sc.below, b), append(sc.shift, d)
+		any = any || d != 0
+	}
+	if !any {
+		return false
+	}
+	if cap(sc.qrot) < len(q) {
+		sc.qrot = make([]float32, len(q))
+	}
+	sc.qrot = sc.qrot[:len(q)]
+	copy(sc.qrot, q)
+	for i := 0; i < n; i++ {
+		if sc.shift[i] != 0 {
+			c.cfg.Rope.rotate(c.ops.RoPE, sc.qrot[i*qd:(i+1)*qd], sc.shift[i])
+		}
+	}
+	return true
+}
+
 // selectSpans narrows every query's spans to what sel reads for KV head
 // kh, recomputing the score layout; it only ever shrinks what clip sized.
 func (c *Cache) selectSpans(sc *attnScratch, sel PageSelector, layer int, seq int32, kh int, qOf func(int) []float32, n, group int) {
@@ -251,9 +301,10 @@ func inside(s Span, all []Span) bool {
 
 // walk calls fn for every page and query that sees part of it, pages in
 // position order outermost, so a page is read once for all the queries:
-// fn(i, page, from, to, col) covers slots [from, to) of physical page
-// page, which are positions col.. of query i's visible positions.
-func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, page, from, to, col int)) {
+// fn(i, blk, page, from, to, col) covers slots [from, to) of logical block
+// blk, physical page page, which are positions col.. of query i's visible
+// positions.
+func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, page, from, to, col int)) {
 	first, last := -1, -1
 	sc.cur, sc.col = sc.cur[:0], sc.col[:0]
 	for i := 0; i < n; i++ {
@@ -285,7 +336,7 @@ func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, page, from,
 							panic(fmt.Sprintf("kvcache: sequence %d attends position %d, in a block its policy released", sq.id, a))
 						}
 					}
-					fn(i, page, a-pLo, e-pLo, sc.col[i])
+					fn(i, j, page, a-pLo, e-pLo, sc.col[i])
 					sc.col[i] += e - a
 				}
 				if s.To > pHi {
@@ -303,3 +354,13 @@ var _ model.KVCache = (*Cache)(nil)
 // different rows once their K/V are stored: it reads the prepared step and
 // the storage only, and its scratch comes from a sync.Pool.
 func (c *Cache) ParallelAttend() bool { return true }
+
+// stepSeq is seq's entry in the prepared step (nil if it has no rows).
+func (c *Cache) stepSeq(seq int32) *stepSeq {
+	for i := range c.step.seqs {
+		if c.step.seqs[i].id == seq {
+			return &c.step.seqs[i]
+		}
+	}
+	return nil
+}

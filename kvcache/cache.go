@@ -75,6 +75,12 @@ type Config struct {
 	// sequence has computed past it, so a sequence holds about
 	// Window/BlockSize+1 blocks however long it grows.
 	Window int
+	// Policy is the cache policy of every group that names none (nil: a
+	// WindowPolicy for Window > 0, else FullPolicy).
+	Policy Policy
+	// Rope is the model's rotary embedding, needed by policies that move
+	// positions (StreamingPolicy).
+	Rope   *Rotary
 	Groups []GroupSpec
 	// Ops computes the attention (nil: kernels.Best()); kernels.Generic()
 	// keeps a reference run in plain Go through the cache too.
@@ -90,9 +96,17 @@ func (c Config) BlockBytes() int64 {
 	var n int64
 	for _, g := range c.groups() {
 		n += g.blockBytes(bs)
+		if m, ok := g.Policy.(policyBlockMeta); ok {
+			n += m.blockMetaBytes(&g)
+		}
 	}
 	return n
 }
+
+// policyBlockMeta is a policy that keeps data per physical block (Quest's key
+// bounds): its bytes count in a block's size, so a byte budget holds
+// fewer blocks rather than more memory than asked.
+type policyBlockMeta interface{ blockMetaBytes(g *GroupSpec) int64 }
 
 // seqTable is one sequence's view of the pool.
 type seqTable struct {
@@ -186,6 +200,14 @@ func New(cfg Config) (*Cache, error) {
 		if l, ok := g.Policy.(Lossy); ok && l.Lossy() {
 			c.lossy[gi] = true
 		}
+		if ck, ok := g.Policy.(interface{ Check() error }); ok {
+			if err := ck.Check(); err != nil {
+				return nil, err
+			}
+		}
+		if _, ok := g.Policy.(QueryShifter); ok && (cfg.Rope == nil || cfg.Rope.HeadDim != g.KDim || 2*len(cfg.Rope.Freqs) > g.KDim) {
+			return nil, fmt.Errorf("kvcache: policy %v moves positions and needs the model's rotary embedding for head dim %d (Config.Rope)", g.Policy, g.KDim)
+		}
 		for _, l := range g.Layers {
 			ls := &c.layers[l]
 			ls.group = gi
@@ -195,7 +217,43 @@ func New(cfg Config) (*Cache, error) {
 			}
 		}
 	}
+	for gi, g := range groups {
+		if a, ok := g.Policy.(attacher); ok {
+			bound, err := a.attach(c, gi)
+			if err != nil {
+				return nil, err
+			}
+			c.groups[gi].Policy = bound
+		}
+	}
 	return c, nil
+}
+
+// Policy is the policy of layer group gi as the cache runs it: a copy
+// bound to this cache for policies that keep state.
+func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
+
+// NotePrompt tells the policies that seq's prompt is its first n tokens
+// (SnapKV compresses the prompt when it has been computed). The engine
+// calls it when it queues a request.
+func (c *Cache) NotePrompt(seq int32, n int) {
+	for _, g := range c.groups {
+		if p, ok := g.Policy.(prompter); ok {
+			p.notePrompt(seq, n)
+		}
+	}
+}
+
+// PositionLimit is the largest position plus one the cache lets a model
+// compute at: 0 (the model's context decides) unless every group's policy
+// keeps relative distances bounded (Unbounded), then math.MaxInt32.
+func (c *Cache) PositionLimit() int {
+	for _, g := range c.groups {
+		if u, ok := g.Policy.(Unbounded); !ok || !u.Unbounded() {
+			return 0
+		}
+	}
+	return math.MaxInt32
 }
 
 // Config is the configuration the cache was built with (defaults filled in).
@@ -275,7 +333,13 @@ func (c *Cache) Lookup(tokens []int32, extra uint64) []int32 {
 	}
 	var hit []int32
 	var h uint64
-	for i := 0; (i+1)*c.bs <= len(tokens)-1; i++ {
+	limit := len(tokens) - 1
+	for _, g := range c.groups {
+		if l, ok := g.Policy.(hitLimiter); ok {
+			limit = min(limit, l.hitLimit(len(tokens)))
+		}
+	}
+	for i := 0; (i+1)*c.bs <= limit; i++ {
 		blk := tokens[i*c.bs : (i+1)*c.bs]
 		h = BlockHash(h, blk, extra)
 		id, ok := c.pool.lookup(h, blk, extra)
@@ -392,8 +456,18 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 	if t == nil {
 		return
 	}
+	for _, g := range c.groups {
+		if tr, ok := g.Policy.(Tracker); ok {
+			tr.Committed(seq, computed)
+		}
+	}
 	if c.cfg.PrefixCache {
 		n := min(computed, len(tokens))
+		for _, g := range c.groups {
+			if s, ok := g.Policy.(Sealer); ok {
+				n = min(n, s.Sealed(seq))
+			}
+		}
 		for i := len(t.hashes); (i+1)*c.bs <= n && i < len(t.blocks); i++ {
 			var parent uint64
 			if i > 0 {
@@ -415,6 +489,7 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 // Free releases all of seq's blocks. The tail blocks go back to the free
 // queue first, so a cached prefix outlives its own continuation.
 func (c *Cache) Free(seq int32) {
+	c.track(func(tr Tracker) { tr.Truncated(seq, 0) })
 	t := c.tables[seq]
 	if t == nil {
 		return
@@ -449,7 +524,17 @@ func (c *Cache) Fork(parent, child int32) error {
 		}
 	}
 	c.tables[child] = t
+	c.track(func(tr Tracker) { tr.Forked(parent, child) })
 	return nil
+}
+
+// track calls fn for every group policy that keeps per-sequence state.
+func (c *Cache) track(fn func(Tracker)) {
+	for _, g := range c.groups {
+		if tr, ok := g.Policy.(Tracker); ok {
+			fn(tr)
+		}
+	}
 }
 
 // Table returns seq's block ids (shared; do not modify); entries a policy
@@ -578,6 +663,7 @@ func (c *Cache) Truncate(seq int32, n int) {
 	if n < 0 {
 		n = 0
 	}
+	c.track(func(tr Tracker) { tr.Truncated(seq, n) })
 	keep := c.blocksFor(n)
 	for i := len(t.blocks) - 1; i >= keep; i-- {
 		if t.blocks[i] == released {
@@ -616,6 +702,11 @@ func (c *Cache) MapKeys(seq int32, from, to int, fn func(layer, pos int, k []flo
 	}
 	if from < 0 || to > t.filled || from > to {
 		return fmt.Errorf("kvcache: positions [%d, %d) outside the %d of sequence %d", from, to, t.filled, seq)
+	}
+	for l := range c.layers {
+		if _, ok := c.layers[l].k.(*mergedPages); ok {
+			return fmt.Errorf("kvcache: layer %d's keys are merged with another layer's (MiniCache): they cannot be rewritten one layer at a time", l)
+		}
 	}
 	var row []float32
 	for l := range c.layers {

@@ -108,3 +108,68 @@ func intersect(a, b []Span) []Span {
 	}
 	return out
 }
+
+// QueryShifter is a Policy that moves positions (StreamingLLM's positions
+// within the cache, llama.cpp's context shift). Keys are stored rotated at
+// their true positions and never rewritten; for a query at pos, the keys
+// at positions below the returned bound are scored as if the query stood
+// delta positions further (negative: nearer). RoPE depends only on the
+// distance, so rotating the query by delta equals re-rotating those keys
+// by -delta (llama.cpp's MapKeys shift), without writing blocks that
+// other sequences or the prefix cache share. The cache needs
+// Config.Rope to rotate.
+type QueryShifter interface {
+	Policy
+	QueryShift(seq int32, pos int) (below, delta int)
+}
+
+// Unbounded is implemented by policies under which a sequence may grow
+// past the model's context: every query's relative distances stay within
+// it, so the model need not check absolute positions.
+type Unbounded interface{ Unbounded() bool }
+
+// Tracker is a Policy that keeps state per sequence (accumulated scores,
+// key bounds): the cache tells it about every change of a sequence's
+// length, so freeing, preemption, rollback and forks keep it in step.
+type Tracker interface {
+	Policy
+	// Committed: seq has computed its first next tokens (called by
+	// Commit before blocks are released).
+	Committed(seq int32, next int)
+	// Truncated: seq keeps only its first n tokens (n = 0: freed).
+	Truncated(seq int32, n int)
+	// Forked: child starts as a copy of parent.
+	Forked(parent, child int32)
+}
+
+// Sealer is a Policy whose kept tokens depend on more than the token
+// prefix (H2O's evictions depend on when steps ended): the K/V of
+// positions from Sealed(seq) on were computed over a history a
+// recomputation need not reproduce, so their blocks stay out of the
+// prefix cache. Sealed returns a position, or math.MaxInt for none.
+type Sealer interface {
+	Policy
+	Sealed(seq int32) int
+}
+
+// attacher is a policy the cache hands itself to at construction (Quest
+// reads per-block key bounds, H2O sizes its score tables): attach returns
+// the instance bound to c, which the cache uses in its place, so one
+// configured policy value can serve several caches.
+type attacher interface {
+	attach(c *Cache, group int) (Policy, error)
+}
+
+// stepper is a bound policy that prepares per-sequence state for the step
+// Begin has just laid out (c.step), before Attend runs concurrently.
+type stepper interface{ beginStep() }
+
+// prompter is a bound policy that needs each sequence's prompt length
+// (SnapKV's observation window ends there).
+type prompter interface{ notePrompt(seq int32, n int) }
+
+// hitLimiter is a policy whose decisions need the scores of prompt
+// queries: a prefix hit must leave at least those queries to compute, so
+// Lookup returns at most hitLimit(n) of n tokens (H2O: none, every query
+// adds mass; SnapKV: all but the observation window).
+type hitLimiter interface{ hitLimit(n int) int }

@@ -43,6 +43,9 @@ func (c Config) groups() []GroupSpec {
 			g.VFormat = c.DType
 		}
 		if g.Policy == nil {
+			g.Policy = c.Policy
+		}
+		if g.Policy == nil {
 			g.Policy = FullPolicy{}
 			if c.Window > 0 {
 				g.Policy = WindowPolicy{c.Window}

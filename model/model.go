@@ -127,12 +127,18 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 	if len(b.Pos) != T || len(b.Seq) != T || (b.Logits != nil && len(b.Logits) != T) {
 		return nil, errors.New("model: batch fields have different lengths")
 	}
+	// A cache whose policy keeps every query's distances within the
+	// context (StreamingLLM) lets positions run past it.
+	limit := c.ContextLen
+	if pl, ok := kv.(interface{ PositionLimit() int }); ok && pl.PositionLimit() > 0 {
+		limit = pl.PositionLimit()
+	}
 	for i, t := range b.Tokens {
 		if t < 0 || int(t) >= c.VocabSize {
 			return nil, fmt.Errorf("model: token %d out of range [0, %d)", t, c.VocabSize)
 		}
-		if b.Pos[i] < 0 || int(b.Pos[i]) >= c.ContextLen {
-			return nil, fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], c.ContextLen)
+		if b.Pos[i] < 0 || int(b.Pos[i]) >= limit {
+			return nil, fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], limit)
 		}
 	}
 	if err := kv.Begin(b); err != nil {

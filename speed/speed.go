@@ -20,13 +20,20 @@ import (
 )
 
 // Test is one measurement: "pp" of N prompt tokens in batches, or "tg" of N
-// tokens decoded one at a time.
+// tokens decoded one at a time, by Seqs sequences in lockstep (the serving
+// engine's batched decode; 0 or 1 is llama-bench's single sequence).
 type Test struct {
 	Kind string // "pp" or "tg"
 	N    int
+	Seqs int
 }
 
-func (t Test) String() string { return fmt.Sprintf("%s%d", t.Kind, t.N) }
+func (t Test) String() string {
+	if t.Kind == "tg" && t.Seqs > 1 {
+		return fmt.Sprintf("%s%dx%d", t.Kind, t.N, t.Seqs)
+	}
+	return fmt.Sprintf("%s%d", t.Kind, t.N)
+}
 
 // Result is one test's repetitions.
 type Result struct {
@@ -46,9 +53,16 @@ type Result struct {
 	CPU       string    `json:"cpu"`
 	GoVersion string    `json:"go_version"`
 	Batch     int       `json:"n_batch"`
+	Seqs      int       `json:"n_seqs,omitempty"` // tg: sequences decoded per step
+	// PerSeq is tokens per second of each sequence in a batched tg (Mean /
+	// Seqs): what one user of a loaded server sees.
+	PerSeq float64 `json:"per_seq_ts,omitempty"`
 	// GBps is the weight bytes streamed per second (tg only): the share of
 	// memory bandwidth decode reaches.
 	GBps float64 `json:"weights_gb_per_s,omitempty"`
+	// ReadGBps is the machine's read bandwidth measured in the same run
+	// (tg only, when probed): GBps/ReadGBps is the share decode reaches.
+	ReadGBps float64 `json:"read_bw_gb_per_s,omitempty"`
 }
 
 // Run measures t on m, reps times after one warm-up run.
@@ -68,8 +82,15 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	for i := range toks {
 		toks[i] = int32(rng.IntN(c.VocabSize))
 	}
+	seqs := max(t.Seqs, 1)
+	if t.Kind != "tg" {
+		seqs = 1
+	}
+	if seqs > 1024 {
+		return nil, fmt.Errorf("speed: %s: at most 1024 sequences", t)
+	}
 	once := func() (time.Duration, error) {
-		cache := m.NewFlatCache(1, t.N)
+		cache := m.NewFlatCache(seqs, t.N)
 		start := time.Now()
 		switch t.Kind {
 		case "pp":
@@ -84,8 +105,18 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 				}
 			}
 		case "tg":
+			// Every sequence decodes its own token at each step and
+			// wants its logits, as in a server's decode step.
+			b := &model.Batch{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs), Logits: make([]bool, seqs)}
+			for s := range seqs {
+				b.Seq[s] = int32(s)
+				b.Logits[s] = true
+			}
 			for i := 0; i < t.N; i++ {
-				b := &model.Batch{Tokens: toks[i : i+1], Pos: []int32{int32(i)}, Seq: []int32{0}}
+				for s := range seqs {
+					b.Tokens[s] = toks[(i+s*7)%t.N]
+					b.Pos[s] = int32(i)
+				}
 				if _, err := m.Forward(b, cache); err != nil {
 					return 0, err
 				}
@@ -98,7 +129,7 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	if _, err := once(); err != nil {
 		return nil, err
 	}
-	r := &Result{Test: t.String(), Tokens: t.N, Threads: m.Pool().Threads(), Batch: batch,
+	r := &Result{Test: t.String(), Tokens: t.N * seqs, Threads: m.Pool().Threads(), Batch: batch,
 		Commit: Commit(), CPU: CPUName(), GoVersion: runtime.Version(), Params: c.Params()}
 	r.SizeBytes, r.Quant = weightBytes(m)
 	for i := 0; i < reps; i++ {
@@ -106,11 +137,15 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 		if err != nil {
 			return nil, err
 		}
-		r.Samples = append(r.Samples, float64(t.N)/d.Seconds())
+		r.Samples = append(r.Samples, float64(t.N*seqs)/d.Seconds())
 	}
 	r.Mean, r.Stddev, r.Min, r.Max = stats(r.Samples)
 	if t.Kind == "tg" {
-		r.GBps = r.Mean * float64(r.SizeBytes) / 1e9
+		// Weights are read once per step whatever the batch.
+		r.GBps = r.Mean / float64(seqs) * float64(r.SizeBytes) / 1e9
+		if seqs > 1 {
+			r.Seqs, r.PerSeq = seqs, r.Mean/float64(seqs)
+		}
 	}
 	return r, nil
 }
@@ -209,17 +244,28 @@ func CPUName() string {
 	return runtime.GOARCH
 }
 
-// PrintTable writes results in llama-bench's markdown table form.
-func PrintTable(w io.Writer, rs []*Result) {
-	fmt.Fprintln(w, "| model | size | params | quant | threads | test | t/s | weights GB/s |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: |")
+// PrintTable writes results in llama-bench's markdown table form; with a
+// bandwidth measurement (nil for none) each tg row also says what share of
+// it decode streams.
+func PrintTable(w io.Writer, rs []*Result, bw *Bandwidth) {
+	fmt.Fprintln(w, "| model | size | params | quant | threads | test | t/s | t/s per seq | weights GB/s | of read bw |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range rs {
-		gb := ""
+		gb, frac, per := "", "", ""
 		if r.GBps > 0 {
 			gb = fmt.Sprintf("%.1f", r.GBps)
+			if r.ReadGBps > 0 {
+				frac = fmt.Sprintf("%.0f%%", 100*r.GBps/r.ReadGBps)
+			}
 		}
-		fmt.Fprintf(w, "| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %s |\n",
-			r.Model, float64(r.SizeBytes)/(1<<30), float64(r.Params)/1e9, r.Quant, r.Threads, r.Test, r.Mean, r.Stddev, gb)
+		if r.PerSeq > 0 {
+			per = fmt.Sprintf("%.2f", r.PerSeq)
+		}
+		fmt.Fprintf(w, "| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
+			r.Model, float64(r.SizeBytes)/(1<<30), float64(r.Params)/1e9, r.Quant, r.Threads, r.Test, r.Mean, r.Stddev, per, gb, frac)
+	}
+	if bw != nil {
+		fmt.Fprintf(w, "\nread bandwidth %.1f GB/s best, %.1f median (%d threads, %d MiB buffer)\n", bw.GBps, bw.Median, bw.Threads, bw.Bytes>>20)
 	}
 	if len(rs) > 0 {
 		fmt.Fprintf(w, "\ncommit %s, %s, %s\n", rs[0].Commit, rs[0].CPU, rs[0].GoVersion)

@@ -45,9 +45,11 @@ func runBench(args []string) error {
 	reps := fs.Int("r", 5, "repetitions")
 	threads := fs.Int("t", 0, "threads (0 = number of CPUs)")
 	batch := fs.Int("b", 512, "tokens per forward pass during pp")
+	seqs := fs.String("s", "1", "sequences decoded together in tg, comma separated (batched decode, as a loaded server runs it)")
+	bwMiB := fs.Int("bw", 512, "MiB streamed by the read-bandwidth probe reported next to tg (0 = skip)")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
-	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}}); err != nil {
+	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"bw", 0, 1 << 16}}); err != nil {
 		return err
 	}
 	if *cpuProfile != "" {
@@ -78,9 +80,15 @@ func runBench(args []string) error {
 			tests = append(tests, speed.Test{Kind: "pp", N: n})
 		}
 	}
+	nseqs, err := intList(*seqs)
+	if err != nil {
+		return err
+	}
 	for _, n := range tgs {
-		if n > 0 {
-			tests = append(tests, speed.Test{Kind: "tg", N: n})
+		for _, s := range nseqs {
+			if n > 0 && s > 0 {
+				tests = append(tests, speed.Test{Kind: "tg", N: n, Seqs: s})
+			}
 		}
 	}
 	maxN := 0
@@ -104,11 +112,25 @@ func runBench(args []string) error {
 			fmt.Fprintf(os.Stderr, "%s: %.2f ± %.2f t/s\n", t, r.Mean, r.Stddev)
 		}
 	}
+	var bw *speed.Bandwidth
+	if *bwMiB > 0 && len(tgs) > 0 {
+		if bw, err = speed.ReadBandwidth(m.Pool(), m.Ops(), int64(*bwMiB)<<20, *reps); err != nil {
+			return err
+		}
+		if !*jsonOut {
+			fmt.Fprintf(os.Stderr, "read bandwidth: %.1f GB/s\n", bw.GBps)
+		}
+		for _, r := range rs {
+			if r.GBps > 0 {
+				r.ReadGBps = bw.GBps
+			}
+		}
+	}
 	if *jsonOut {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rs)
 	}
-	speed.PrintTable(os.Stdout, rs)
+	speed.PrintTable(os.Stdout, rs, bw)
 	return nil
 }

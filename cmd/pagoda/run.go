@@ -81,6 +81,7 @@ func runRun(args []string) error {
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
 	ignoreEOS := fs.Bool("ignore-eos", false, "keep generating past end-of-generation tokens")
 	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
+	kvPolicy := fs.String("kv-policy", "", kvPolicyHelp)
 	var stops stringList
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
@@ -133,6 +134,13 @@ func runRun(args []string) error {
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 
+	if *kvPolicy != "" {
+		if *chat || *jsonOut {
+			return fmt.Errorf("--kv-policy runs plain prompts only (no --chat or --json)")
+		}
+		ids := tok.Encode(*prompt, tokenizer.Options{AddSpecial: true, ParseSpecial: true})
+		return runPolicy(ctx, m, tok, ids, *kvPolicy, opts, out, *prompt)
+	}
 	if !*chat {
 		ids := tok.Encode(*prompt, tokenizer.Options{AddSpecial: true, ParseSpecial: true})
 		if len(ids) == 0 {

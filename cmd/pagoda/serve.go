@@ -140,6 +140,7 @@ func runServe(args []string) error {
 	maxWaiting := fs.Int("max-waiting", 1024, "queued requests before 429")
 	static := fs.Bool("static-batching", false, "static batching baseline (a batch starts and finishes together)")
 	noPrefix := fs.Bool("no-prefix-cache", false, "disable prefix caching")
+	kvPolicy := fs.String("kv-policy", "", kvPolicyHelp)
 	chatTmpl := fs.String("chat-template", "", "file with a Jinja chat template overriding the model's")
 	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (a second signal cuts it short)")
 	maxConns := fs.Int("max-connections", 2048, "open client connections at most; more wait to be accepted")
@@ -216,19 +217,23 @@ func runServe(args []string) error {
 	}
 	defer closeDraft()
 	c := m.Config
+	pol, apiCtx, err := kvPolicyFlag(*kvPolicy, c.ContextLen)
+	if err != nil {
+		return err
+	}
 	reg := prometheus.NewRegistry()
 	eng, err := engine.New(m, tok, engine.Config{
 		ModelName: *name, NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, Spec: sc,
+		Registry: reg, KVPolicy: pol, KVRope: engine.ModelConfig(m, "").KVRope, Spec: sc,
 	})
 	if err != nil {
 		return err
 	}
 	eng.Start()
-	backend, err := server.NewEngineBackend(eng, tok, *name, c.ContextLen, tmpl)
+	backend, err := server.NewEngineBackend(eng, tok, *name, apiCtx, tmpl)
 	if err != nil {
 		return err
 	}

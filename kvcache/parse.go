@@ -1,0 +1,193 @@
+package kvcache
+
+import (
+	"cmp"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+)
+
+// ParsePolicy builds a cache policy from a configuration string, the form
+// the --kv-policy flag and evaluation tables use: a name, then a colon and
+// comma-separated key=value settings, all optional:
+//
+//	full
+//	window:w=4096
+//	streaming:sinks=4,window=256              (positions within the cache)
+//	streaming:sinks=4,window=256,pos=shift,ctx=2048  (llama.cpp context shift)
+//	quest:budget=1024,dense=2
+//	h2o:heavy=0.1,recent=0.1                  (fractions of the sequence, or counts ≥ 1)
+//	snapkv:capacity=1024,window=32,kernel=7
+//
+// An unknown name or key, or a value out of range, is an error.
+func ParsePolicy(s string) (Policy, error) {
+	name, rest, _ := strings.Cut(strings.TrimSpace(s), ":")
+	kv := map[string]string{}
+	if rest != "" {
+		for _, f := range strings.Split(rest, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(f), "=")
+			if !ok || k == "" {
+				return nil, fmt.Errorf("kvcache: policy %q: setting %q is not key=value", s, f)
+			}
+			kv[strings.ToLower(k)] = v
+		}
+	}
+	a := &args{policy: s, kv: kv}
+	var p Policy
+	switch strings.ToLower(name) {
+	case "", "full":
+		p = FullPolicy{}
+	case "window":
+		p = WindowPolicy{W: a.int("w", 0)}
+		if a.err == nil && p.(WindowPolicy).W < 1 {
+			a.err = fmt.Errorf("kvcache: policy %q: window needs w >= 1", s)
+		}
+	case "streaming", "streamingllm", "sinks":
+		sp := StreamingPolicy{Sinks: a.int("sinks", 4), Window: a.int("window", 256)}
+		switch pos := a.str("pos", "cache"); pos {
+		case "cache":
+		case "shift":
+			sp.Scheme = PosShift
+			sp.Ctx = a.int("ctx", sp.Sinks+2*sp.Window)
+		default:
+			a.fail("pos must be cache or shift, not %q", pos)
+		}
+		if a.err == nil {
+			a.err = sp.Check()
+		}
+		p = sp
+	default:
+		if mk, ok := policyMakers[strings.ToLower(name)]; ok {
+			p = mk(a)
+			break
+		}
+		return nil, fmt.Errorf("kvcache: unknown policy %q (want %s)", name, strings.Join(policyNames(), ", "))
+	}
+	if a.err != nil {
+		return nil, a.err
+	}
+	if len(a.kv) > 0 {
+		var keys []string
+		for k := range a.kv {
+			keys = append(keys, k)
+		}
+		sort.Strings(keys)
+		return nil, fmt.Errorf("kvcache: policy %q: unknown setting %s", s, strings.Join(keys, ", "))
+	}
+	if ck, ok := p.(interface{ Check() error }); ok {
+		if err := ck.Check(); err != nil {
+			return nil, err
+		}
+	}
+	return p, nil
+}
+
+// policyMakers are the policies defined in their own files.
+var policyMakers = map[string]func(*args) Policy{}
+
+func policyNames() []string {
+	n := []string{"full", "window", "streaming"}
+	for k := range policyMakers {
+		n = append(n, k)
+	}
+	sort.Strings(n[3:])
+	return n
+}
+
+// args reads a policy's settings, remembering the first error; every key
+// read is consumed, so leftovers are unknown.
+type args struct {
+	policy string
+	kv     map[string]string
+	err    error
+}
+
+func (a *args) fail(format string, v ...any) {
+	if a.err == nil {
+		a.err = fmt.Errorf("kvcache: policy %q: %s", a.policy, fmt.Sprintf(format, v...))
+	}
+}
+
+func (a *args) str(k, def string) string {
+	v, ok := a.kv[k]
+	if !ok {
+		return def
+	}
+	delete(a.kv, k)
+	return v
+}
+
+func (a *args) int(k string, def int) int {
+	v, ok := a.kv[k]
+	if !ok {
+		return def
+	}
+	delete(a.kv, k)
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 {
+		a.fail("%s=%q is not a non-negative integer", k, v)
+	}
+	return n
+}
+
+func (a *args) float(k string, def float64) float64 {
+	v, ok := a.kv[k]
+	if !ok {
+		return def
+	}
+	delete(a.kv, k)
+	f, err := strconv.ParseFloat(v, 64)
+	if err != nil || f < 0 || f != f {
+		a.fail("%s=%q is not a non-negative number", k, v)
+	}
+	return f
+}
+
+// Configure applies a KV configuration string to cfg, whose shape fields
+// (NLayer, NKVHead, HeadDim, DType) must be set: a policy (ParsePolicy)
+// becomes cfg.Policy; "minicache:from=L,t=0.5,retain=0.5,spare=4" lays
+// out cfg.Groups with adjacent layers merged from layer L on (default:
+// the middle layer). This is the one entry point an evaluation needs.
+func Configure(cfg *Config, spec string) error {
+	name, rest, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	if strings.ToLower(name) != "minicache" {
+		p, err := ParsePolicy(spec)
+		if err != nil {
+			return err
+		}
+		cfg.Policy = p
+		return nil
+	}
+	if cfg.NLayer < 2 || cfg.NKVHead <= 0 || cfg.HeadDim <= 0 || len(cfg.Groups) > 0 {
+		return fmt.Errorf("kvcache: %q needs a plain shape of at least 2 layers (got %d layers, %d groups)", spec, cfg.NLayer, len(cfg.Groups))
+	}
+	kv := map[string]string{}
+	if rest != "" {
+		for _, f := range strings.Split(rest, ",") {
+			k, v, ok := strings.Cut(strings.TrimSpace(f), "=")
+			if !ok {
+				return fmt.Errorf("kvcache: %q: setting %q is not key=value", spec, f)
+			}
+			kv[strings.ToLower(k)] = v
+		}
+	}
+	a := &args{policy: spec, kv: kv}
+	from := a.int("from", cfg.NLayer/2)
+	t, retain, spare := a.float("t", 0.5), a.float("retain", 0.5), a.int("spare", cmp.Or(cfg.BlockSize, DefaultBlockSize)/4)
+	if a.err != nil {
+		return a.err
+	}
+	if len(a.kv) > 0 {
+		return fmt.Errorf("kvcache: %q: unknown setting", spec)
+	}
+	if from >= cfg.NLayer-1 || t > 1 {
+		return fmt.Errorf("kvcache: %q: from must leave a pair below %d layers, t must be in [0, 1]", spec, cfg.NLayer)
+	}
+	var base Format = cfg.DType
+	if cfg.KFormat != nil || cfg.VFormat != nil {
+		return fmt.Errorf("kvcache: %q keeps its directions in the cache's dtype; separate K/V formats are not supported with it", spec)
+	}
+	cfg.Groups = MiniCacheGroups(cfg.NLayer, cfg.NKVHead, cfg.HeadDim, from, base, t, retain, spare)
+	return nil
+}

@@ -1,0 +1,80 @@
+package speed
+
+import (
+	"fmt"
+	"time"
+
+	"pagoda/kernels"
+)
+
+// Bandwidth is a memory read-bandwidth measurement: the ceiling a
+// bandwidth-bound decode step can reach on this machine with these threads.
+type Bandwidth struct {
+	Threads int     `json:"threads"`
+	Bytes   int64   `json:"bytes"`    // size of the buffer streamed per pass
+	GBps    float64 `json:"gb_per_s"` // best pass
+	Median  float64 `json:"median_gb_per_s"`
+}
+
+// probeChunk is the stretch of the big buffer dotted against a small
+// vector that stays in L1, so each pass reads the buffer from memory once
+// and little else.
+const probeChunk = 4096
+
+// ReadBandwidth streams a buffer of the given size (rounded to whole
+// chunks; it should dwarf the last-level cache) through the SIMD dot
+// kernel on every thread of p, reps times, and reports the best and median
+// rates, as STREAM does. Decode reads weights the same way: once per token,
+// in order, split across the threads.
+func ReadBandwidth(p *kernels.Pool, ops *kernels.Ops, size int64, reps int) (*Bandwidth, error) {
+	n := int(size / 4 / probeChunk)
+	if n < 1 || reps < 1 {
+		return nil, fmt.Errorf("speed: bandwidth probe needs at least %d bytes and one repetition", probeChunk*4)
+	}
+	buf := make([]float32, n*probeChunk)
+	for i := range buf {
+		buf[i] = float32(i&1023) * 1e-3 // touch every page before timing
+	}
+	y := make([]float32, probeChunk)
+	for i := range y {
+		y[i] = 1
+	}
+	sums := make([]float32, n)
+	var rates []float64
+	for r := 0; r <= reps; r++ {
+		start := time.Now()
+		p.For(n, 16, func(lo, hi int) {
+			for c := lo; c < hi; c++ {
+				sums[c] = ops.DotF32(buf[c*probeChunk:(c+1)*probeChunk], y)
+			}
+		})
+		d := time.Since(start)
+		if r > 0 { // the first pass warms the threads and the TLB
+			rates = append(rates, float64(len(buf))*4/d.Seconds()/1e9)
+		}
+	}
+	var sink float32
+	for _, s := range sums {
+		sink += s
+	}
+	if sink != sink { // keep the sums live; a NaN would mean a broken kernel
+		return nil, fmt.Errorf("speed: bandwidth probe computed NaN")
+	}
+	b := &Bandwidth{Threads: p.Threads(), Bytes: int64(len(buf)) * 4}
+	_, _, _, b.GBps = stats(rates)
+	b.Median = median(rates)
+	return b, nil
+}
+
+func median(x []float64) float64 {
+	s := append([]float64(nil), x...)
+	for i := 1; i < len(s); i++ {
+		for j := i; j > 0 && s[j] < s[j-1]; j-- {
+			s[j], s[j-1] = s[j-1], s[j]
+		}
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
