@@ -61,14 +61,20 @@ func (c *Cost) DraftPerToken() float64 {
 	return c.dSec / c.dTok
 }
 
+// payMargin is how much better than break-even a draft must look to be
+// verified: the fit is noisy and leaves out costs (the draft's own
+// bookkeeping, catching its cache up), and a draft that only breaks even
+// on paper made a same-size draft model slower at 8 requests in flight.
+const payMargin = 1.25
+
 // Gamma is how many drafts a sequence with acceptance rate alpha should
 // have verified in a step that, without drafts, forwards tokens tokens for
 // seqs decoding sequences, at most max. The k-th draft yields α^k tokens
 // on average and costs b + d seconds; it pays when that beats the step's
-// plain rate, seqs/(a + b·tokens) tokens per second. Until the fit is
-// known it cycles through 0..max, so that steps of different sizes get
-// measured (always drafting max would give steps of one size, from which
-// a and b cannot be told apart).
+// plain rate, seqs/(a + b·tokens) tokens per second, by payMargin. Until
+// the fit is known it cycles through 0..max, so that steps of different
+// sizes get measured (always drafting max would give steps of one size,
+// from which a and b cannot be told apart).
 func (c *Cost) Gamma(alpha float64, tokens, seqs, max int) int {
 	a, b, ok := c.Line()
 	if !ok {
@@ -81,7 +87,7 @@ func (c *Cost) Gamma(alpha float64, tokens, seqs, max int) int {
 	}
 	rate := float64(seqs) / (a + b*float64(tokens))
 	g := 0
-	for g < max && math.Pow(alpha, float64(g+1)) > per*rate {
+	for g < max && math.Pow(alpha, float64(g+1)) > payMargin*per*rate {
 		g++
 	}
 	return g
