@@ -159,11 +159,12 @@ type Engine struct {
 	batch     model.Batch
 	scratch   []float32
 
-	specMax  int       // Config.Spec.Tokens, defaulted
-	cost     spec.Cost // measured step costs: when speculation pays
-	specReqs []*spec.Req
-	specErrs uint64
-	hist     []int32 // a sequence's tokens and its accepted drafts, while verifying
+	specMax   int       // Config.Spec.Tokens, defaulted
+	cost      spec.Cost // measured step costs: when speculation pays
+	specReqs  []*spec.Req
+	specErrs  uint64
+	specSteps uint64  // steps with speculation candidates: the probes' clock
+	hist      []int32 // a sequence's tokens and its accepted drafts, while verifying
 	// accept is the acceptance test, spec.Accept; the tests swap in a
 	// wrong one to show that the exactness test can fail.
 	accept func(p, q []float32, x int32, u float64) bool

@@ -34,15 +34,17 @@ type probSampler interface {
 // seqSpec is a sequence's speculation state.
 type seqSpec struct {
 	acc   spec.Acceptance
-	idle  int // decode steps without drafts since the last proposal
 	req   spec.Req
 	probs []float32 // q rows of the drafts in flight (empty: one-hot)
 }
 
-// probeEvery: a sequence whose estimated acceptance says drafting does
-// not pay still drafts one token every probeEvery steps, so the estimate
-// can recover when the text turns predictable.
-const probeEvery = 16
+// probeEvery: sequences for which drafting does not pay (by acceptance or
+// by cost) still draft one token every probeEvery steps, so the estimates
+// can recover when the text turns predictable or the batch shrinks. They
+// probe in the same step, so a draft model pays one batched pass for all
+// of them; probing each on its own clock cost a same-size draft model a
+// pass most steps at 8 in flight.
+const probeEvery = 32
 
 // specTokens is the most drafts request r may have per step: 0 when it
 // does not speculate. This is the one place that decides which requests
@@ -100,19 +102,18 @@ func (e *Engine) propose() {
 	if len(cands) == 0 {
 		return
 	}
+	e.specSteps++
 	sc.draftSizes(cands, &e.cost, e.cfg.Spec.Fixed)
 	reqs := e.specReqs[:0]
 	for _, d := range cands {
 		ss := d.seq.spec
 		g := d.gamma
 		if g == 0 {
-			ss.idle++
-			if ss.idle < probeEvery {
+			if e.specSteps%probeEvery != 0 {
 				continue
 			}
 			g = 1
 		}
-		ss.idle = 0
 		r := d.seq.req
 		c := &r.comps[d.seq.index]
 		ss.req.ID, ss.req.Tokens, ss.req.Max = d.seq.id, d.seq.tokens, g
