@@ -20,6 +20,19 @@ type Dims struct {
 	Bias bool
 	// Tied: the token embedding doubles as the output matrix.
 	Tied bool
+
+	// Mixture of experts: Experts routed experts of width ExpertFFN (0:
+	// a dense model), shared experts of total width SharedFFN (0: none),
+	// and DenseLead leading layers with the dense FFN instead (deepseek2).
+	Experts, ExpertFFN, SharedFFN, DenseLead int
+	// Multi-head latent attention (deepseek2): QLoRA is the low-rank
+	// query width (0: a plain attn_q), KVLoRA the latent width, QKNope and
+	// QKRope a query/key head's unrotated and rotated parts, VHead the
+	// value head width.
+	QLoRA, KVLoRA, QKNope, QKRope, VHead int
+	// KVBCombined: the checkpoint stores MLA's per-head up-projections as
+	// one attn_kv_b (older conversions) rather than attn_k_b and attn_v_b.
+	KVBCombined bool
 }
 
 // Role is what a tensor is for, whatever it is named: the binder puts it in
@@ -45,13 +58,32 @@ const (
 	FFNGate
 	FFNUp
 	FFNDown
+	// Mixture of experts.
+	FFNRouter     // ffn_gate_inp: expert logits
+	FFNProbsBias  // exp_probs_b: selection bias (DeepSeek-V3 style)
+	FFNGateExps   // 3-D: every expert's gate
+	FFNUpExps     // 3-D
+	FFNDownExps   // 3-D
+	FFNSharedGate // ffn_gate_inp_shexp: the shared expert's sigmoid gate (qwen2moe)
+	FFNGateShexp
+	FFNUpShexp
+	FFNDownShexp
+	// Multi-head latent attention.
+	AttnQA     // x → low-rank query
+	AttnQANorm // RMSNorm of the low-rank query
+	AttnQB     // low-rank query → heads
+	AttnKVA    // x → [latent | rope key]
+	AttnKVANorm
+	AttnKVB // latent → [k_nope | v] per head (older files)
+	AttnKB  // 3-D: per head, latent ← k_nope (absorbed into the query)
+	AttnVB  // 3-D: per head, latent → v
 )
 
 // IsNorm says whether the role is an RMSNorm weight (which synth fills with
 // ones, not noise).
 func (r Role) IsNorm() bool {
 	switch r {
-	case OutputNorm, AttnNorm, AttnQNorm, AttnKNorm, FFNNorm:
+	case OutputNorm, AttnNorm, AttnQNorm, AttnKNorm, FFNNorm, AttnQANorm, AttnKVANorm:
 		return true
 	}
 	return false
@@ -96,13 +128,53 @@ type Arch struct {
 	// HFTypes are the config.json model_type values of this architecture.
 	HFTypes []string
 	// Attn and FFN compose the block: x += Attn(norm(x)); x += FFN(norm(x)).
+	// MoE, when set, replaces FFN in a checkpoint with experts (Dims.Experts
+	// > 0) from layer Dims.DenseLead on; FFN may be nil for architectures
+	// that are always MoE.
 	Attn Part
 	FFN  Part
+	MoE  Part
 }
 
-// Block is the per-layer tensors, attention part first.
+// FFNAt is the feed-forward part of layer l under these dims, nil when
+// the architecture has none for it (an MoE architecture without experts).
+func (a *Arch) FFNAt(d Dims, l int) Part {
+	if a.MoE != nil && d.Experts > 0 && l >= d.DenseLead {
+		return a.MoE
+	}
+	return a.FFN
+}
+
+// BlockAt is layer l's tensors under these dims, attention part first.
+func (a *Arch) BlockAt(d Dims, l int) []Tensor {
+	out := a.Attn.Tensors()
+	if f := a.FFNAt(d, l); f != nil {
+		out = append(out, f.Tensors()...)
+	}
+	return out
+}
+
+// Block is every tensor a layer of the architecture may have, attention
+// part first (the dense and the MoE feed-forward parts both, each name
+// once): the list name lookups search.
 func (a *Arch) Block() []Tensor {
-	return append(a.Attn.Tensors(), a.FFN.Tensors()...)
+	out := a.Attn.Tensors()
+	seen := map[string]bool{}
+	for _, t := range out {
+		seen[t.Name] = true
+	}
+	for _, p := range []Part{a.FFN, a.MoE} {
+		if p == nil {
+			continue
+		}
+		for _, t := range p.Tensors() {
+			if !seen[t.Name] {
+				seen[t.Name] = true
+				out = append(out, t)
+			}
+		}
+	}
+	return out
 }
 
 // Globals are the tensors outside the blocks, shared by every architecture
@@ -137,9 +209,8 @@ func (a *Arch) Tensors(d Dims, layers int) []Named {
 		}
 	}
 	add(-1, g[0].Name, g[0])
-	block := a.Block()
 	for l := 0; l < layers; l++ {
-		for _, t := range block {
+		for _, t := range a.BlockAt(d, l) {
 			add(l, BlockName(l, t.Name), t)
 		}
 	}
@@ -194,10 +265,13 @@ func (a *Arch) BlockOrder(suffix string) int {
 }
 
 // Params counts the weights of a model with these dims (optional tensors
-// included, the embedding once when tied).
+// left out, the embedding once when tied).
 func (a *Arch) Params(d Dims, layers int) int64 {
 	var n int64
 	for _, t := range a.Tensors(d, layers) {
+		if t.Optional {
+			continue
+		}
 		p := int64(1)
 		for _, x := range t.Shape(d) {
 			p *= int64(x)
@@ -235,7 +309,7 @@ func (a *Arch) mapName(name string, toGGUF bool) (string, bool) {
 		return "", false
 	}
 	for _, t := range a.Block() {
-		if from, to := pick(t); from == suffix && from != "" {
+		if from, to := pick(t); from == suffix && from != "" && to != "" {
 			return toPrefix + layer + "." + to, true
 		}
 	}
@@ -343,4 +417,8 @@ func vec(n func(Dims) int) func(Dims) []int {
 
 func mat(cols, rows func(Dims) int) func(Dims) []int {
 	return func(d Dims) []int { return []int{cols(d), rows(d)} }
+}
+
+func stack(cols, rows, n func(Dims) int) func(Dims) []int {
+	return func(d Dims) []int { return []int{cols(d), rows(d), n(d)} }
 }

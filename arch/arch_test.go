@@ -77,7 +77,7 @@ func TestLookup(t *testing.T) {
 	if Lookup("gpt2") != nil || LookupHF("gpt2") != nil {
 		t.Error("gpt2 found")
 	}
-	if got, want := Names(), []string{"llama", "mistral", "qwen2", "qwen3"}; !reflect.DeepEqual(got, want) {
+	if got, want := Names(), []string{"deepseek2", "llama", "mistral", "olmoe", "qwen2", "qwen2moe", "qwen3", "qwen3moe"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("Names() = %v, want %v", got, want)
 	}
 }
@@ -133,5 +133,87 @@ func TestTensors(t *testing.T) {
 	}
 	if r, ok := RoleOf("blk.4.attn_k_norm.weight"); !ok || r != AttnKNorm {
 		t.Errorf("RoleOf(attn_k_norm) = %v, %v", r, ok)
+	}
+}
+
+// The per-layer parts of the MoE and MLA architectures: deepseek2's
+// leading dense layer, its MLA tensors with and without the low-rank
+// query, qwen2moe's gated shared expert, llama with and without experts.
+func TestMoETensors(t *testing.T) {
+	names := func(a *Arch, d Dims, l int) []string {
+		var out []string
+		for _, t := range a.BlockAt(d, l) {
+			if t.In(d) {
+				out = append(out, t.Name)
+			}
+		}
+		return out
+	}
+	d := Dims{Embd: 16, Heads: 2, KVHeads: 1, FFN: 24, Vocab: 10, Experts: 4, ExpertFFN: 8, SharedFFN: 8, DenseLead: 1,
+		QLoRA: 12, KVLoRA: 8, QKNope: 4, QKRope: 2, VHead: 4}
+	ds := Lookup("deepseek2")
+	mla := []string{"attn_norm.weight", "attn_q_a.weight", "attn_q_a_norm.weight", "attn_q_b.weight", "attn_kv_a_mqa.weight",
+		"attn_kv_a_norm.weight", "attn_k_b.weight", "attn_v_b.weight", "attn_output.weight"}
+	dense := append(append([]string{}, mla...), "ffn_norm.weight", "ffn_gate.weight", "ffn_up.weight", "ffn_down.weight")
+	if got := names(ds, d, 0); !reflect.DeepEqual(got, dense) {
+		t.Errorf("deepseek2 layer 0:\n got %v\nwant %v", got, dense)
+	}
+	moe := append(append([]string{}, mla...), "ffn_norm.weight", "ffn_gate_inp.weight", "exp_probs_b.bias", "ffn_gate_exps.weight",
+		"ffn_down_exps.weight", "ffn_up_exps.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight", "ffn_up_shexp.weight")
+	if got := names(ds, d, 1); !reflect.DeepEqual(got, moe) {
+		t.Errorf("deepseek2 layer 1:\n got %v\nwant %v", got, moe)
+	}
+	for _, tn := range ds.Tensors(d, 2) {
+		switch tn.Name {
+		case "blk.1.attn_k_b.weight":
+			if s := tn.Shape(d); !reflect.DeepEqual(s, []int{4, 8, 2}) {
+				t.Errorf("attn_k_b shape %v", s)
+			}
+		case "blk.1.ffn_down_exps.weight":
+			if s := tn.Shape(d); !reflect.DeepEqual(s, []int{8, 16, 4}) {
+				t.Errorf("ffn_down_exps shape %v", s)
+			}
+		case "blk.1.attn_q_b.weight":
+			if s := tn.Shape(d); !reflect.DeepEqual(s, []int{12, 12}) {
+				t.Errorf("attn_q_b shape %v", s)
+			}
+		}
+	}
+	lite := d
+	lite.QLoRA = 0
+	if got := names(ds, lite, 1)[1]; got != "attn_q.weight" {
+		t.Errorf("deepseek2 without q_lora: %s, want attn_q.weight", got)
+	}
+	old := lite
+	old.KVBCombined = true
+	if got := names(ds, old, 0)[4]; got != "attn_kv_b.weight" {
+		t.Errorf("deepseek2 with attn_kv_b: %v", names(ds, old, 0))
+	}
+	q2 := names(Lookup("qwen2moe"), d, 1)
+	if !reflect.DeepEqual(q2[len(q2)-4:], []string{"ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_down_shexp.weight", "ffn_up_shexp.weight"}) {
+		t.Errorf("qwen2moe: %v", q2)
+	}
+	noShared := d
+	noShared.SharedFFN = 0
+	if q3 := names(Lookup("qwen3moe"), noShared, 1); q3[len(q3)-1] != "ffn_up_exps.weight" {
+		t.Errorf("qwen3moe: %v", q3)
+	}
+	llama := Lookup("llama")
+	if got := names(llama, noShared, 1); got[len(got)-1] != "ffn_up_exps.weight" {
+		t.Errorf("mixtral: %v", got)
+	}
+	d.Experts = 0
+	if got := names(llama, d, 0); got[len(got)-1] != "ffn_down.weight" {
+		t.Errorf("llama: %v", got)
+	}
+	if Lookup("qwen3moe").FFNAt(d, 0) != nil {
+		t.Error("qwen3moe without experts has a feed-forward part")
+	}
+	if r, ok := RoleOf("blk.3.ffn_gate_exps.weight"); !ok || r != FFNGateExps {
+		t.Errorf("RoleOf(ffn_gate_exps) = %v, %v", r, ok)
+	}
+	// Experts have no HF name: GGUF → HF maps nothing.
+	if got, ok := llama.HFName("blk.0.ffn_up_exps.weight"); ok {
+		t.Errorf("HFName(ffn_up_exps) = %q", got)
 	}
 }

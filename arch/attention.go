@@ -27,8 +27,9 @@ type Attention struct {
 	Rope Rope
 	// Bias adds q/k/v biases after the projections.
 	Bias Presence
-	// QKNorm applies a per-head RMSNorm to q and k before rope.
-	QKNorm bool
+	// QKNorm applies a per-head RMSNorm to q and k before rope; with
+	// QKNormFull the norm spans all heads of q (of k) at once (olmoe).
+	QKNorm, QKNormFull bool
 	// Window: the architecture honours a sliding-window size from the
 	// checkpoint's metadata.
 	Window bool
@@ -59,7 +60,12 @@ func (a Attention) Tensors() []Tensor {
 			out = append(out, Tensor{Name: p.name + ".bias", HF: p.hf + ".bias", Role: p.b, Shape: vec(p.rows), When: bias})
 		}
 	}
-	if a.QKNorm {
+	switch {
+	case a.QKNormFull:
+		out = append(out,
+			Tensor{Name: "attn_q_norm.weight", HF: "self_attn.q_norm.weight", Role: AttnQNorm, Shape: vec(q)},
+			Tensor{Name: "attn_k_norm.weight", HF: "self_attn.k_norm.weight", Role: AttnKNorm, Shape: vec(kv)})
+	case a.QKNorm:
 		out = append(out,
 			Tensor{Name: "attn_q_norm.weight", HF: "self_attn.q_norm.weight", Role: AttnQNorm, Shape: vec(hd)},
 			Tensor{Name: "attn_k_norm.weight", HF: "self_attn.k_norm.weight", Role: AttnKNorm, Shape: vec(hd)})

@@ -28,6 +28,10 @@ func TestGoldenPure(t *testing.T) {
 	}
 	// More shapes: q/k/v biases; tied output with per-head norms.
 	cases = append(cases, tc{"g-qwen2", quant.Q4_K}, tc{"g-qwen3", quant.Q8_0})
+	// Mixture of experts (3-D expert tensors, the router left F32) and MLA.
+	for _, m := range []string{"g-qwen2moe", "g-qwen3moe", "g-mixtral", "g-deepseek2"} {
+		cases = append(cases, tc{m, quant.Q8_0})
+	}
 	dir := t.TempDir()
 	for _, c := range cases {
 		t.Run(c.model+"."+c.typ.String(), func(t *testing.T) {

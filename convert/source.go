@@ -354,23 +354,38 @@ func openHF(dir string) (*source, error) {
 		}
 	}
 	_, hasHead := set.Tensor("lm_head.weight")
+	if _, ok := set.Tensor("lm_head.qweight"); ok && hc.Quant != nil {
+		hasHead = true // a quantized lm_head (lm_head: true)
+	}
 	tied := hc.TieWordEmbeddings || !hasHead
 	for _, hn := range set.Names() {
 		if strings.HasSuffix(hn, "rotary_emb.inv_freq") {
 			continue // recomputed from rope_theta
 		}
+		if hc.IsQuantPart(set, hn) {
+			continue // read with its qweight
+		}
+		stored := hn
+		if base, ok := strings.CutSuffix(hn, ".qweight"); ok && hc.Quant != nil {
+			hn = base + ".weight" // a GPTQ/AWQ layer in place of this weight
+		}
 		name, ok := hc.GGUFName(hn)
 		if !ok {
-			return fail(fmt.Errorf("tensor %q: no GGUF name for it in the %s layout", hn, hc.ModelType))
+			return fail(fmt.Errorf("tensor %q: no GGUF name for it in the %s layout", stored, hc.ModelType))
 		}
 		if name == "output.weight" && tied {
 			continue
 		}
-		t, _ := set.Tensor(hn)
 		heads, permute := hc.PermutedHeads(name)
-		st, err := hfTensor(name, t, permute, heads)
+		var st *srcTensor
+		if stored != hn {
+			st, err = hfQuantTensor(hc, set, hn, name, permute, heads)
+		} else {
+			t, _ := set.Tensor(hn)
+			st, err = hfTensor(name, t, permute, heads)
+		}
 		if err != nil {
-			return fail(fmt.Errorf("tensor %q: %w", hn, err))
+			return fail(fmt.Errorf("tensor %q: %w", stored, err))
 		}
 		s.tensors = append(s.tensors, st)
 	}

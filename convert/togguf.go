@@ -26,8 +26,9 @@ type ConvertOptions struct {
 // ToGGUF writes the model at in (a llama2.c checkpoint, a Hugging Face
 // directory, or a GGUF file to re-tokenize) as a GGUF file at out with
 // llama.cpp's tensor names and metadata. Matrices keep their stored type
-// (F32, F16, BF16; Q8_0 for lossless llama2.c int8 checkpoints); 1-D
-// tensors are F32; HF llama q/k rows are reordered for ggml's rope.
+// (F32, F16, BF16; Q8_0 for lossless llama2.c int8 checkpoints; GPTQ/AWQ
+// layers as Q4_0, Q4_1, Q8_0 or F16, see gptq.go); 1-D tensors are F32;
+// HF llama q/k rows are reordered for ggml's rope.
 func ToGGUF(in, out string, o ConvertOptions) error {
 	if err := toGGUF(in, out, o); err != nil {
 		return fmt.Errorf("convert: %s: %w", in, err)

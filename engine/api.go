@@ -17,6 +17,10 @@ type Request struct {
 	StopTokens  []int32  // besides the vocabulary's end-of-generation ids
 	StopStrings []string // matched on the detokenized output; not emitted
 	IgnoreEOS   bool
+	// ShowTokens are control tokens rendered as their text in the output,
+	// which detokenization otherwise drops: the server's tool-call parser
+	// needs markers such as Mistral's [TOOL_CALLS].
+	ShowTokens  []int32
 	TopLogprobs int // 0 = none; >0: return that many alternatives per token (logprob of chosen always returned when Logprobs)
 	Logprobs    bool
 	// PromptLogprobs asks for the logprob (and TopLogprobs alternatives)

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,17 +15,50 @@ import (
 func TestBlocks(t *testing.T) {
 	cfg := fakeConfig()
 	cfg.KVBlocks = 32
-	e := startEngine(t, &fakeModel{check: true}, cfg)
+	// The request must still be running when the map is taken: every
+	// pass after the first waits for the test, which lets them through
+	// one by one only while Blocks waits for the loop to answer.
+	gm := &gatedModel{fakeModel: fakeModel{check: true}, gate: make(chan struct{})}
+	e, err := New(gm, newFakeTok(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start()
+	var open sync.Once
+	release := func() { open.Do(func() { close(gm.gate) }) }
+	t.Cleanup(func() { release(); e.Stop(context.Background()) })
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ch, err := e.Submit(ctx, &Request{Prompt: []int32{4, 5, 6, 7, 8, 9, 10, 11, 12}, IgnoreEOS: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	<-ch
+	if ev, ok := <-ch; !ok || ev.Finish != FinishNone {
+		t.Fatalf("first event %+v (open %v)", ev, ok)
+	}
 	bctx, bcancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer bcancel()
-	m, err := e.Blocks(bctx)
+	type blocksResult struct {
+		m   kvcache.BlockMap
+		err error
+	}
+	got := make(chan blocksResult, 1)
+	go func() {
+		m, err := e.Blocks(bctx)
+		got <- blocksResult{m, err}
+	}()
+	// Blocks is answered after the step following the one during which
+	// it was asked; let passes through one at a time until it is.
+	var r blocksResult
+wait:
+	for {
+		select {
+		case r = <-got:
+			break wait
+		case gm.gate <- struct{}{}:
+		}
+	}
+	m, err := r.m, r.err
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -42,6 +76,7 @@ func TestBlocks(t *testing.T) {
 		t.Fatalf("running request: %d held blocks, owners %v", held, owners)
 	}
 	cancel()
+	release()
 	for range ch {
 	}
 	if err := e.Stop(context.Background()); err != nil {

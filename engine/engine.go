@@ -31,7 +31,10 @@ type Config struct {
 	ModelName string // the model_name label of the metrics
 
 	NLayer, NKVHead, HeadDim int
-	VocabSize, ContextLen    int
+	// KVLatent: the K row also serves as V, so the cache stores no values
+	// (MLA's latent + rope key; model.Config.KVShape's vdim 0).
+	KVLatent              bool
+	VocabSize, ContextLen int
 
 	BlockSize int           // tokens per KV block; 0 = 16
 	KVBlocks  int           // pool size; 0 = as many as KVBytes holds
@@ -238,6 +241,13 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
 		DType: cfg.KVDType, KFormat: cfg.KVFormatK, VFormat: cfg.KVFormatV, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
 		Policy: cfg.KVPolicy, Rope: cfg.KVRope,
+	}
+	if cfg.KVLatent {
+		layers := make([]int, cfg.NLayer)
+		for i := range layers {
+			layers[i] = i
+		}
+		kcfg.Groups = []kvcache.GroupSpec{{Layers: layers, NKVHead: cfg.NKVHead, KDim: cfg.HeadDim}}
 	}
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
 		// Every format's bytes are linear in the block's tokens, so this

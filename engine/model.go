@@ -9,9 +9,10 @@ import (
 // caller sets the serving limits on the result.
 func ModelConfig(m *model.Model, name string) Config {
 	c := m.Config
+	nkv, kd, vd := c.KVShape()
 	return Config{
 		ModelName: name,
-		NLayer:    c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		NLayer:    c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
 		SlidingWindow: c.SlidingWindow,
 		KVRope:        &kvcache.Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim},

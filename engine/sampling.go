@@ -9,6 +9,7 @@ import (
 // tokenSampler is what the step loop needs of a sampler: one per sequence.
 type tokenSampler interface {
 	Sample(logits []float32, history []int32) int32
+	Err() error // a constraint's failure (sample.Params.Constraint)
 }
 
 // newSampler builds the sampler of completion index of a request. With a

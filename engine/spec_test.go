@@ -463,3 +463,28 @@ func TestSpecDistributionFake(t *testing.T) {
 	}
 	_ = time.Second
 }
+
+// TestSpecSkipsConstrained: on an engine that speculates, a constrained
+// request verifies no drafts (its constraint's state cannot roll back)
+// and follows its mask, while an unconstrained one beside it speculates.
+func TestSpecSkipsConstrained(t *testing.T) {
+	cfg := fakeConfig()
+	cfg.KVBlocks = 64
+	ng, _ := spec.NewNGram(1, 2)
+	cfg.Spec = SpecConfig{Proposer: ng, Tokens: 4, Fixed: true}
+	e := startEngine(t, &fakeModel{}, cfg)
+	// The mask makes the output one repeated token: ideal for n-gram
+	// drafts, were they allowed.
+	r := run(t, e, &Request{Prompt: []int32{3, 4, 5}, MaxTokens: 20, IgnoreEOS: true, Sampling: sample.Params{
+		Constraint: func() sample.Constraint { return &countdown{want: 9, limit: -1} }}})
+	if len(r.tokens[0]) != 20 || slices.IndexFunc(r.tokens[0], func(t int32) bool { return t != 9 }) >= 0 {
+		t.Fatalf("constrained output %v", r.tokens[0])
+	}
+	if st := e.Stats(); st.SpecDrafts != 0 {
+		t.Fatalf("a constrained request verified %d drafts", st.SpecDrafts)
+	}
+	run(t, e, &Request{Prompt: []int32{9, 9, 9, 9}, MaxTokens: 20, IgnoreEOS: true})
+	if st := e.Stats(); st.SpecDrafts == 0 {
+		t.Fatal("the unconstrained request did not speculate either: the test shows nothing")
+	}
+}

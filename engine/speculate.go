@@ -50,14 +50,14 @@ const probeEvery = 32
 // does not speculate. This is the one place that decides which requests
 // can: the engine must have a proposer, the request must not opt out
 // (Request.SpecTokens < 0), and its samplers must report the distribution
-// they draw from. A constrained request (a grammar or JSON-schema mask)
-// wraps its sampler in one that does not, so it never speculates: its
-// mask would have to advance over every draft position. A KV policy
+// they draw from. A constrained request (sample.Params.Constraint: a
+// grammar or JSON schema) never speculates: its constraint's state moves
+// with every draw and would have to be rolled back with rejected drafts. A KV policy
 // (Config.KVPolicy: sinks, windows, shifted positions) turns speculation
 // off too: rolling drafts back under a policy that moves or drops
 // positions is not verified yet.
 func (e *Engine) specTokens(r *request) int {
-	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || e.cfg.KVPolicy != nil {
+	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || e.cfg.KVPolicy != nil || r.r.Sampling.Constraint != nil {
 		return 0
 	}
 	for i := range r.comps {

@@ -218,7 +218,12 @@ func (e *Engine) scorePrompt(w *scheduled, rows []float32) {
 // token, and reports it and whether the completion ends with it.
 func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now time.Time) (int32, bool) {
 	raw := e.keepRaw(r, lg)
-	tok := r.comps[index].sampler.Sample(lg, history)
+	c := &r.comps[index]
+	tok := c.sampler.Sample(lg, history)
+	if err := c.sampler.Err(); err != nil { // the constraint allows no token
+		e.finishCompletion(r, Event{Index: index, Finish: FinishError, Err: fmt.Errorf("engine: request %q: %w", r.r.ID, err)})
+		return tok, true
+	}
 	return tok, e.emitToken(r, index, tok, raw, len(history)+1, now)
 }
 
@@ -239,7 +244,7 @@ func (e *Engine) keepRaw(r *request, lg []float32) []float32 {
 func (e *Engine) emitToken(r *request, index int, tok int32, raw []float32, length int, now time.Time) bool {
 	c := &r.comps[index]
 	if c.text == nil {
-		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings)
+		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.r.ShowTokens...)
 	}
 	c.nOut++
 	r.completion++

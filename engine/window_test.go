@@ -59,7 +59,6 @@ func TestSlidingWindowMatchesFullCache(t *testing.T) {
 		t.Fatalf("decode bound %d blocks, want 4", got)
 	}
 	fm.bound = e.kv.MaxSeqBlocks
-	e.Start()
 	t.Cleanup(func() { e.Stop(context.Background()) })
 	got := make([]result, len(reqs))
 	var wg sync.WaitGroup
@@ -71,6 +70,10 @@ func TestSlidingWindowMatchesFullCache(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); got[i] = collect(t, ch, max(r.N, 1)) }()
 	}
+	// Started once every request is queued, so the schedule (and with it
+	// the preemptions and prefix hits asserted below) does not depend on
+	// how fast this goroutine submits.
+	e.Start()
 	wg.Wait()
 	if err := e.Stop(context.Background()); err != nil {
 		t.Fatal(err)

@@ -7,12 +7,15 @@ package hf
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strings"
 
 	"pagoda/arch"
+	"pagoda/quant"
 )
 
 // Config is config.json with defaults filled in. Sizes are as written
@@ -45,6 +48,9 @@ type Config struct {
 	// sliding_window when positive, unless use_sliding_window is false.
 	SlidingWindow int
 	HiddenAct     string // "" or silu
+	// Quant is the GPTQ/AWQ quantization_config (or quantize_config.json,
+	// quant_config.json), nil for float checkpoints.
+	Quant *quant.QuantConfig
 }
 
 // RopeScaling is config.json's rope_scaling.
@@ -76,6 +82,7 @@ type hfConfig struct {
 	SlidingWindow    json.RawMessage `json:"sliding_window"`
 	UseSlidingWindow *bool           `json:"use_sliding_window"`
 	HiddenAct        string          `json:"hidden_act"`
+	QuantConfig      json.RawMessage `json:"quantization_config"`
 }
 
 type hfRopeScaling struct {
@@ -97,7 +104,25 @@ func ReadConfig(dir string) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	return ParseConfig(b)
+	c, err := ParseConfig(b)
+	if err != nil || c.Quant != nil {
+		return c, err
+	}
+	// AutoGPTQ and AutoAWQ wrote their settings beside config.json.
+	for _, f := range []struct{ name, method string }{{"quantize_config.json", "gptq"}, {"quant_config.json", "awq"}} {
+		b, err := os.ReadFile(filepath.Join(dir, f.name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, err
+		}
+		if c.Quant, err = quant.ParseQuantConfig(b, f.method); err != nil {
+			return nil, fmt.Errorf("%s: %v", f.name, err)
+		}
+		break
+	}
+	return c, nil
 }
 
 // ParseConfig parses config.json, rejecting model types, activations and
@@ -123,6 +148,13 @@ func ParseConfig(b []byte) (*Config, error) {
 		TieWordEmbeddings:     r.TieWordEmbeddings,
 		AttentionBias:         r.AttentionBias,
 		HiddenAct:             r.HiddenAct,
+	}
+	if len(r.QuantConfig) > 0 && string(r.QuantConfig) != "null" {
+		q, err := quant.ParseQuantConfig(r.QuantConfig, "")
+		if err != nil {
+			return nil, fmt.Errorf("config.json: quantization_config: %v", err)
+		}
+		c.Quant = q
 	}
 	c.Decl = arch.LookupHF(r.ModelType)
 	if c.Decl == nil {

@@ -35,6 +35,10 @@ type Matrix struct {
 	Rows, Cols int
 	Data       []byte
 	RowBytes   int
+	// Perm, when not nil, is the column order of a GPTQ act-order matrix
+	// (quant.GQ4/GQ8): stored column j multiplies input element Perm[j].
+	// The matrix products gather their input into that order (perm.go).
+	Perm []int32
 
 	// pk caches the SIMD layouts of Data (*packed), built on first use or
 	// by Prepack: [0] for the AVX-512 kernels, [1] for the AVX2 ones, which

@@ -99,6 +99,11 @@ func kernelsFor(k packKind) *[9]gemmKernel {
 }
 
 func (o *Ops) matMulPacked(p *Pool, w *Matrix, x, out []float32, batch int) {
+	if w.Perm != nil && batch > 0 {
+		xp := gatherCols(w, x, batch)
+		defer putGather(xp)
+		x = *xp
+	}
 	pk := w.packedFor(o.avx2)
 	if pk.kind == packNone {
 		o.matMulFloat(p, w, x, out, batch)
@@ -114,6 +119,9 @@ func (o *Ops) matMulPacked(p *Pool, w *Matrix, x, out []float32, batch int) {
 	quantizeActs(p, pk, x, batch, w.Cols, a, o.asmQuant)
 	jobs := [1]mmJob{{w, pk, a, out, kernelsFor(pk.kind), kernels2For(pk.kind)}}
 	o.runJobs(p, jobs[:], batch)
+	if pk.zfix != nil {
+		o.addZeroFix(p, pk, a, out, w.Rows, batch)
+	}
 }
 
 // matMulNPacked quantizes x once per activation format and runs all the
@@ -126,12 +134,36 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 	var jobs []mmJob
 	var bufs []*actBuf
 	var sigs []*packed
+	var perms [][]int32
+	var gathered []*[]float32
+	var gatheredBy [][]int32
 	defer func() {
 		for _, a := range bufs {
 			actPool.Put(a)
 		}
+		for _, g := range gathered {
+			putGather(g)
+		}
 	}()
+	x0 := x
 	for i, w := range ws {
+		x := x0
+		if w.Perm != nil {
+			// Matrices of one input share one act-order permutation
+			// (the loader dedupes them): gather once per permutation.
+			x = nil
+			for j, g := range gathered {
+				if samePerm(gatheredBy[j], w.Perm) {
+					x = *g
+				}
+			}
+			if x == nil {
+				xp := gatherCols(w, x0, batch)
+				gathered = append(gathered, xp)
+				gatheredBy = append(gatheredBy, w.Perm)
+				x = *xp
+			}
+		}
 		pk := w.packedFor(o.avx2)
 		if pk.kind == packNone {
 			o.matMulFloat(p, w, x, outs[i], batch)
@@ -141,7 +173,7 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 		_ = outs[i][batch*w.Rows-1]
 		var a *actBuf
 		for j, s := range sigs {
-			if s.act == pk.act && s.block == pk.block && s.k == pk.k {
+			if s.act == pk.act && s.block == pk.block && s.k == pk.k && samePerm(perms[j], w.Perm) {
 				a = bufs[j]
 			}
 		}
@@ -150,11 +182,17 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 			quantizeActs(p, pk, x, batch, w.Cols, a, o.asmQuant)
 			bufs = append(bufs, a)
 			sigs = append(sigs, pk)
+			perms = append(perms, w.Perm)
 		}
 		jobs = append(jobs, mmJob{w, pk, a, outs[i], kernelsFor(pk.kind), kernels2For(pk.kind)})
 	}
 	if len(jobs) > 0 {
 		o.runJobs(p, jobs, batch)
+	}
+	for _, j := range jobs {
+		if j.pk.zfix != nil {
+			o.addZeroFix(p, j.pk, j.a, j.out, j.w.Rows, batch)
+		}
 	}
 }
 

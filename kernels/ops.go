@@ -41,6 +41,11 @@ func MatMulNRef(p *Pool, ws []*Matrix, x []float32, outs [][]float32, batch int)
 // MatMulRef is the plain reference: dequantize each weight row once, dot it
 // with every batch row in float32 (DotF32Ref).
 func MatMulRef(p *Pool, w *Matrix, x, out []float32, batch int) {
+	if w.Perm != nil && batch > 0 {
+		xp := gatherCols(w, x, batch)
+		defer putGather(xp)
+		x = *xp
+	}
 	matMulRows(p, w, x, out, batch, DotF32Ref)
 }
 

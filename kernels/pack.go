@@ -71,6 +71,10 @@ type packed struct {
 	nb         int // blocks per row
 	groupBytes int
 	data       []byte
+	// zfix, for GQ8 matrices with zero points other than 128 packed as
+	// packQ8C, is s·(128 − z) per row and block: the product adds
+	// Σ_b zfix·dx·Σq to each output (gptq.go).
+	zfix *Matrix
 }
 
 // tileBytes is the size of one (16-row group, block) tile.
@@ -149,6 +153,8 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 		}
 	case quant.Q5_1:
 		pk = packed{kind: packSM16, act: actQ8_0, block: 16, k: 1}
+	case quant.GQ4, quant.GQ8:
+		pk = packGQ(m)
 	default:
 		return noPack
 	}
@@ -174,6 +180,10 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 				src := m.Row(row)
 				switch pk.kind {
 				case packQ8C:
+					if m.Type == quant.GQ8 {
+						packRowGQ8C(dst, src, r, pk.nb)
+						break
+					}
 					packRowQ8C(dst, src, r, pk.nb)
 				case packQ4C:
 					packRowQ4C(dst, src, r, pk.nb)
@@ -199,6 +209,9 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 		}
 	})
 	settleWeights(pk.data)
+	if m.Type == quant.GQ8 && !gqZerosAll(m, 128) {
+		pk.zfix = gqZeroFix(m)
+	}
 	return &pk
 }
 
@@ -415,6 +428,8 @@ func (d *smRow) decode(t quant.Type, src []byte) {
 		for i := 0; i < len(d.q)/256; i++ {
 			d.decodeQ6K(src[i*210:], i)
 		}
+	case quant.GQ4, quant.GQ8:
+		d.decodeGQ(t, src)
 	}
 }
 

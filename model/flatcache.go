@@ -12,7 +12,7 @@ import (
 // tested against.
 type FlatCache struct {
 	nLayer, kvd, maxLen, seqs int
-	k, v                      []float32 // [seq][layer][pos][kvd]
+	k, v                      []float32 // [seq][layer][pos][kvd]; v nil when K serves as V (MLA)
 	rows                      []flatRow // the batch Begin prepared
 	ops                       *kernels.Ops
 }
@@ -32,10 +32,14 @@ func (m *Model) NewFlatCache(seqs, maxLen int) *FlatCache {
 }
 
 func newFlatCache(c *Config, seqs, maxLen int, ops *kernels.Ops) *FlatCache {
-	kvd := c.NKVHead * c.HeadDim
+	nkv, kd, vd := c.KVShape()
+	kvd := nkv * kd
 	n := seqs * c.NLayer * maxLen * kvd
-	return &FlatCache{nLayer: c.NLayer, kvd: kvd, maxLen: maxLen, seqs: seqs,
-		k: make([]float32, n), v: make([]float32, n), ops: ops}
+	f := &FlatCache{nLayer: c.NLayer, kvd: kvd, maxLen: maxLen, seqs: seqs, k: make([]float32, n), ops: ops}
+	if vd > 0 {
+		f.v = make([]float32, n)
+	}
+	return f
 }
 
 func (f *FlatCache) off(layer int, seq, pos int32) int {
@@ -64,7 +68,9 @@ func (f *FlatCache) Store(layer, row int, k, v []float32) {
 	r := f.rows[row]
 	o := f.off(layer, r.seq, r.pos)
 	copy(f.k[o:o+f.kvd], k)
-	copy(f.v[o:o+f.kvd], v)
+	if f.v != nil {
+		copy(f.v[o:o+f.kvd], v)
+	}
 }
 
 // Attend implements KVCache, one query at a time: the positions a query
@@ -74,6 +80,10 @@ func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 	group := p.NHead / p.NKVHead
 	qd := p.NHead * hd
 	scores := make([]float32, f.rows[hi-1].pos+1)
+	vs := f.v
+	if vs == nil {
+		vs = f.k
+	}
 	for r := lo; r < hi; r++ {
 		n := int(f.rows[r].pos) + 1
 		start := 0
@@ -92,7 +102,7 @@ func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 			f.ops.Softmax(s)
 			oh := or[h*hd : (h+1)*hd]
 			clear(oh)
-			f.ops.AttnMixF32(oh, s, f.v[base+kh:end+kh+hd], f.kvd)
+			f.ops.AttnMixF32(oh, s, vs[base+kh:end+kh+hd], f.kvd)
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"os"
 	"strings"
 
+	archpkg "pagoda/arch"
 	"pagoda/gguf"
 	"pagoda/hf"
 	"pagoda/kernels"
@@ -142,11 +143,6 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	if err != nil {
 		return nil, err
 	}
-	if n, ok := f.Uint(arch + ".expert_count"); ok && n > 0 {
-		// Mixtral is arch "llama" with experts; without this check it
-		// fails later on a missing dense ffn_gate, which misleads.
-		return nil, fmt.Errorf("architecture %q with %d experts: mixture-of-experts models are not supported yet", arch, n)
-	}
 	c := &Config{RopeScale: 1}
 	var missing []string
 	u := func(key string) int {
@@ -162,7 +158,28 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	}
 	c.NLayer = u("block_count")
 	c.NEmbd = u("embedding_length")
-	c.FFN = u("feed_forward_length")
+	opt := func(key string) (int, bool) {
+		v, ok := f.Uint(arch + "." + key)
+		if v > 1<<31 {
+			return -1, ok
+		}
+		return int(v), ok
+	}
+	c.NExpert, _ = opt("expert_count")
+	if c.NExpert > 0 {
+		// Mixture of experts: the dense width is optional (qwen2moe,
+		// qwen3moe write none), the experts' width defaults to it
+		// (Mixtral, OLMoE).
+		c.FFN, _ = opt("feed_forward_length")
+		if err := c.moeFromGGUF(f, arch, decl, opt, u); err != nil {
+			return nil, err
+		}
+	} else {
+		c.FFN = u("feed_forward_length")
+		if decl.FFN == nil {
+			return nil, fmt.Errorf("architecture %q needs %s.expert_count > 0 (it has no dense feed-forward form)", arch, arch)
+		}
+	}
 	c.NHead = u("attention.head_count")
 	c.ContextLen = u("context_length")
 	if len(missing) > 0 {
@@ -197,6 +214,10 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 		if v, ok := f.Float(arch + ".rope.scaling.factor"); ok && v > 0 {
 			c.RopeScale = v
 		}
+	} else if ok && t != "none" && t != "" {
+		if v, ok := f.Float(arch + ".rope.scaling.factor"); ok && v != 1 && v != 0 {
+			return nil, fmt.Errorf("%s.rope.scaling.type %q (factor %g) not supported", arch, t, v)
+		}
 	}
 	if emb := f.Tensor("token_embd.weight"); emb != nil && len(emb.Dims) == 2 {
 		c.VocabSize = int(min(emb.Dims[1], 1<<31))
@@ -205,6 +226,16 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	// GGUF records no attention_bias: biases only where the architecture
 	// always has them.
 	c.setArch(decl, false)
+	if c.NExpert > 0 {
+		if err := c.routingFromGGUF(f, arch, decl); err != nil {
+			return nil, err
+		}
+	}
+	if c.MLA {
+		if err := c.mlaFromGGUF(f, arch); err != nil {
+			return nil, err
+		}
+	}
 	if rf := f.Tensor("rope_freqs.weight"); rf != nil {
 		n := c.RopeDim / 2
 		if rf.Type != quant.F32 || len(rf.Data) < 4*n {
@@ -216,6 +247,91 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 		}
 	}
 	return c, c.Validate()
+}
+
+// moeFromGGUF reads the expert counts and widths of a mixture-of-experts
+// file.
+func (c *Config) moeFromGGUF(f *gguf.File, arch string, decl *archpkg.Arch, opt func(string) (int, bool), u func(string) int) error {
+	if decl.MoE == nil {
+		return fmt.Errorf("architecture %q has %d experts but no mixture-of-experts form", arch, c.NExpert)
+	}
+	if f.Tensor("blk.0.ffn_gate.0.weight") != nil && f.Tensor("blk.0.ffn_gate_exps.weight") == nil {
+		return fmt.Errorf("tensor \"blk.0.ffn_gate.0.weight\": experts stored one tensor each (an old Mixtral conversion); re-convert with 3-D ffn_*_exps tensors")
+	}
+	c.NExpertUsed = u("expert_used_count")
+	c.ExpertFFN = c.FFN
+	if v, ok := opt("expert_feed_forward_length"); ok {
+		c.ExpertFFN = v
+	}
+	c.NDenseLead, _ = opt("leading_dense_block_count")
+	if v, ok := opt("expert_shared_feed_forward_length"); ok {
+		c.SharedFFN = v
+	} else if n, ok := opt("expert_shared_count"); ok && n > 0 {
+		c.SharedFFN = n * c.ExpertFFN
+	} else if t := f.Tensor(archpkg.BlockName(max(c.NDenseLead, 0), "ffn_up_shexp.weight")); t != nil && len(t.Dims) == 2 {
+		c.SharedFFN = int(min(t.Dims[1], 1<<31))
+	}
+	return nil
+}
+
+// routingFromGGUF applies the metadata's gating, renormalisation and
+// scale where the architecture takes them from the checkpoint (deepseek2);
+// elsewhere llama.cpp fixes them per architecture and so does setArch.
+func (c *Config) routingFromGGUF(f *gguf.File, arch string, decl *archpkg.Arch) error {
+	moe, _ := decl.MoE.(archpkg.MoE)
+	if !moe.Configured {
+		return nil
+	}
+	if v, ok := f.Uint(arch + ".expert_gating_func"); ok {
+		switch v {
+		case 1:
+			c.Gating = archpkg.GatingSoftmax
+		case 2:
+			c.Gating = archpkg.GatingSigmoid
+		default:
+			return fmt.Errorf("%s.expert_gating_func = %d: unknown gating function (softmax 1, sigmoid 2)", arch, v)
+		}
+	}
+	if v, ok := f.Bool(arch + ".expert_weights_norm"); ok {
+		c.ExpertNorm = v
+	}
+	if v, ok := f.Float(arch + ".expert_weights_scale"); ok {
+		c.ExpertScale = float32(v)
+	}
+	return nil
+}
+
+// mlaFromGGUF reads the latent attention's ranks and head dims. Files
+// converted since llama.cpp split attn_kv_b write key_length_mla and
+// value_length_mla (query/key and value heads) and describe the cache in
+// key_length (kv_lora_rank + rope); older ones give the heads in
+// key_length and value_length.
+func (c *Config) mlaFromGGUF(f *gguf.File, arch string) error {
+	get := func(key string) (int, bool) {
+		v, ok := f.Uint(arch + "." + key)
+		return int(min(v, 1<<20)), ok
+	}
+	kvl, ok := get("attention.kv_lora_rank")
+	if !ok {
+		return fmt.Errorf("metadata missing: %s.attention.kv_lora_rank", arch)
+	}
+	c.KVLoRA = kvl
+	c.QLoRA, _ = get("attention.q_lora_rank")
+	c.QKRope = c.RopeDim
+	qk, ok := get("attention.key_length_mla")
+	if !ok {
+		qk = c.HeadDim
+	}
+	v, ok := get("attention.value_length_mla")
+	if !ok {
+		if v, ok = get("attention.value_length"); !ok {
+			v = qk - c.QKRope
+		}
+	}
+	c.QKNope, c.VHeadDim = qk-c.QKRope, v
+	c.NKVHead, c.HeadDim = 1, c.KVLoRA+c.QKRope
+	c.KVBCombined = f.Tensor("blk.0.attn_k_b.weight") == nil && f.Tensor("blk.0.attn_kv_b.weight") != nil
+	return nil
 }
 
 // --- llama2.c ---
@@ -257,7 +373,10 @@ func configFromLlama2C(lc llama2c.Config) *Config {
 type hfSource struct {
 	set  *safetensors.Set
 	hc   *hf.Config
-	perm map[string]*rawTensor // q/k weights with the rotate-half permutation undone
+	perm map[string]*rawTensor // q/k weights with the rotate-half permutation undone; GPTQ/AWQ layers repacked
+	// colPerms are the act-order column orders met so far, shared by the
+	// layers that agree (q/k/v, gate/up) so one gather serves them.
+	colPerms [][]int32
 }
 
 func (s *hfSource) tensor(name string) (*rawTensor, bool) {
@@ -270,7 +389,7 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 	}
 	t, ok := s.set.Tensor(hn)
 	if !ok {
-		return nil, false
+		return s.quantTensor(name, hn)
 	}
 	typ, ok := hf.TensorType(t.DType)
 	if !ok {
@@ -302,6 +421,13 @@ func (s *hfSource) tensor(name string) (*rawTensor, bool) {
 
 func (s *hfSource) fileName(name string) string {
 	hn, _ := s.hc.HFName(name)
+	if _, ok := s.set.Tensor(hn); !ok && s.hc.Quant != nil {
+		if q := strings.TrimSuffix(hn, ".weight") + ".qweight"; q != hn {
+			if _, ok := s.set.Tensor(q); ok {
+				return q
+			}
+		}
+	}
 	return hn
 }
 
@@ -342,7 +468,11 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if _, ok := set.Tensor("lm_head.weight"); !ok {
+	_, head := set.Tensor("lm_head.weight")
+	if _, ok := set.Tensor("lm_head.qweight"); ok && hc.Quant != nil {
+		head = true // a quantized lm_head (lm_head: true)
+	}
+	if !head {
 		c.TiedOutput = true
 	}
 	return c, &hfSource{set: set, hc: hc, perm: map[string]*rawTensor{}}, set, nil

@@ -6,6 +6,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"sync/atomic"
 
 	"pagoda/kernels"
 	"pagoda/quant"
@@ -21,10 +22,17 @@ type Model struct {
 	ownPool bool
 	ops     *kernels.Ops // kernels.Generic() for Options.Reference, else kernels.Best()
 	freqs   []float32
-	// attn and ffn are the block's parts, composed from the declaration.
-	attn, ffn part
-	tok       tokenizer.Tokenizer
-	closer    io.Closer
+	// attn and ffns (one per layer) are the block's parts, composed from
+	// the declaration.
+	attn   part
+	ffns   []part
+	tok    tokenizer.Tokenizer
+	closer io.Closer
+	// experts counts, per layer × expert, the tokens routed to each
+	// expert; expertBytes the expert weight bytes the routed experts' matrix
+	// products have read (both since load; nil for a dense model).
+	experts     []atomic.Uint64
+	expertBytes atomic.Uint64
 
 	mu  sync.Mutex
 	buf scratch
@@ -38,7 +46,7 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	attn, ffn, err := newBlock(a)
+	attn, ffns, err := newBlock(a, c)
 	if err != nil {
 		return nil, err
 	}
@@ -46,7 +54,10 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffn: ffn, ops: kernels.Best()}
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffns: ffns, ops: kernels.Best()}
+	if c.NExpert > 0 {
+		m.experts = make([]atomic.Uint64, c.NLayer*c.NExpert)
+	}
 	if o.Reference {
 		m.ops = kernels.Generic()
 	}
@@ -57,7 +68,14 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 		m.ownPool = true
 	}
 	// Repack into the kernels' layouts now, so the first request does not
-	// pay for it (the plain Go set packs nothing).
+	// pay for it (the plain Go set packs nothing). Stacks (a layer's
+	// experts, MLA's per-head matrices) share one allocation each, so that
+	// matrices too small for huge pages alone get them together.
+	for _, l := range w.Layers {
+		for _, st := range [][]*kernels.Matrix{l.GateExps, l.UpExps, l.DownExps, l.KB, l.VB} {
+			m.ops.PrepackStack(m.pool, st)
+		}
+	}
 	mats := w.Matrices()
 	for i, mat := range mats {
 		if mat != w.Embd || c.TiedOutput {
@@ -81,12 +99,39 @@ func (m *Model) Tokenizer() tokenizer.Tokenizer { return m.tok }
 // Pool is the worker pool the model computes on.
 func (m *Model) Pool() *kernels.Pool { return m.pool }
 
-// AttnParams is the attention shape every layer uses.
+// AttnParams is the attention shape every layer uses. For MLA it is the
+// absorbed form the cache sees: every head's query (KVLoRA + QKRope values)
+// against the one latent + rope key row, scaled by 1/√(QKNope+QKRope).
 func (m *Model) AttnParams() AttnParams {
 	c := &m.Config
-	return AttnParams{NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
-		Scale: float32(1 / math.Sqrt(float64(c.HeadDim))), Window: c.SlidingWindow}
+	nkv, kd, _ := c.KVShape()
+	return AttnParams{NHead: c.NHead, NKVHead: nkv, HeadDim: kd,
+		Scale: float32(1 / math.Sqrt(float64(c.AttnHeadDim()))), Window: c.SlidingWindow}
 }
+
+// ExpertLoad is, per layer, the number of tokens routed to each expert
+// since the model was loaded (a nil row for a dense layer; nil for a dense
+// model), for metrics. It may be called while Forward runs.
+func (m *Model) ExpertLoad() [][]uint64 {
+	if m.experts == nil {
+		return nil
+	}
+	c := &m.Config
+	out := make([][]uint64, c.NLayer)
+	for l := c.NDenseLead; l < c.NLayer; l++ {
+		out[l] = make([]uint64, c.NExpert)
+		for e := range out[l] {
+			out[l][e] = m.experts[l*c.NExpert+e].Load()
+		}
+	}
+	return out
+}
+
+// ExpertBytesRead is the routed experts' weight bytes the forward passes
+// have read since load: each active expert's gate, up and down matrices
+// once per forward pass, however many tokens it serves. Divided by the
+// decoded tokens it shows a decode step reading only the selected experts.
+func (m *Model) ExpertBytesRead() uint64 { return m.expertBytes.Load() }
 
 // Close releases the weights' file mapping and the worker pool.
 func (m *Model) Close() error {
@@ -107,6 +152,8 @@ type scratch struct {
 	// pieces is how the batch's attention splits into runs; every layer
 	// splits it the same way, so Forward works it out once.
 	pieces []attnPiece
+	moe    moeScratch
+	mla    mlaScratch
 }
 
 func grow(s []float32, n int) []float32 {
@@ -167,7 +214,7 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 	s.pieces = attnPieces(b, c.SlidingWindow)
 	for li := range m.W.Layers {
 		m.attn.forward(m, li, b, kv)
-		m.ffn.forward(m, li, b, kv)
+		m.ffns[li].forward(m, li, b, kv)
 	}
 
 	rows := 0

@@ -24,16 +24,20 @@ func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 			addTo(v, l.VBias)
 		}
 		pos := int(b.Pos[i])
+		if c.QKNormFull {
+			m.ops.RMSNorm(q, q, l.QNorm, c.RMSEps)
+			m.ops.RMSNorm(k, k, l.KNorm, c.RMSEps)
+		}
 		for h := 0; h < c.NHead; h++ {
 			qh := q[h*hd : (h+1)*hd]
-			if l.QNorm != nil {
+			if l.QNorm != nil && !c.QKNormFull {
 				m.ops.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
 			}
 			m.ops.RoPE(qh, pos, m.freqs, c.RopeNeox)
 		}
 		for h := 0; h < c.NKVHead; h++ {
 			kh := k[h*hd : (h+1)*hd]
-			if l.KNorm != nil {
+			if l.KNorm != nil && !c.QKNormFull {
 				m.ops.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
 			}
 			m.ops.RoPE(kh, pos, m.freqs, c.RopeNeox)

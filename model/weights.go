@@ -1,6 +1,7 @@
 package model
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 
@@ -18,6 +19,11 @@ type rawTensor struct {
 	// DType names a stored type that has no ggml id (safetensors I8,
 	// F8_E4M3…), for messages.
 	DType string
+	// Perm is a GPTQ act-order column order (kernels.Matrix.Perm).
+	Perm []int32
+	// Err is why a tensor that is present could not be read (a GPTQ/AWQ
+	// layer that does not repack); the binder reports it.
+	Err error
 }
 
 func (t *rawTensor) typeName() string {
@@ -55,6 +61,26 @@ type Layer struct {
 	QNorm, KNorm        []float32
 	FFNNorm             []float32
 	Gate, Up, Down      *kernels.Matrix
+
+	// Mixture of experts: the router (NExpert × NEmbd), the optional
+	// selection bias, one matrix per expert, the shared experts and
+	// qwen2moe's shared-expert gate (a vector dotted with the input).
+	Router                        *kernels.Matrix
+	ProbsBias                     []float32
+	GateExps, UpExps, DownExps    []*kernels.Matrix
+	GateShexp, UpShexp, DownShexp *kernels.Matrix
+	SharedGate                    []float32
+
+	// Multi-head latent attention: the low-rank query (QA, QANorm, QB; Q
+	// when there is none), the latent + rope key projection and the
+	// latent's norm, and per head KB (KVLoRA × QKNope: absorbs q_nope into
+	// the latent) and VB (VHeadDim × KVLoRA: latent to value). Files with
+	// the combined attn_kv_b get KB and VB built from it at load.
+	QA, QB, KVA *kernels.Matrix
+	QANorm      []float32
+	KVANorm     []float32
+	KVB         *kernels.Matrix
+	KB, VB      []*kernels.Matrix
 }
 
 // Weights is the whole model's parameters, bound by GGUF tensor names.
@@ -116,6 +142,40 @@ func (w *Weights) slot(l *Layer, r arch.Role) (slot, bool) {
 		return slot{mat: &l.Up}, true
 	case arch.FFNDown:
 		return slot{mat: &l.Down}, true
+	case arch.FFNRouter:
+		return slot{mat: &l.Router}, true
+	case arch.FFNProbsBias:
+		return slot{vec: &l.ProbsBias}, true
+	case arch.FFNGateExps:
+		return slot{stack: &l.GateExps}, true
+	case arch.FFNUpExps:
+		return slot{stack: &l.UpExps}, true
+	case arch.FFNDownExps:
+		return slot{stack: &l.DownExps}, true
+	case arch.FFNSharedGate:
+		return slot{vec: &l.SharedGate}, true
+	case arch.FFNGateShexp:
+		return slot{mat: &l.GateShexp}, true
+	case arch.FFNUpShexp:
+		return slot{mat: &l.UpShexp}, true
+	case arch.FFNDownShexp:
+		return slot{mat: &l.DownShexp}, true
+	case arch.AttnQA:
+		return slot{mat: &l.QA}, true
+	case arch.AttnQANorm:
+		return slot{vec: &l.QANorm}, true
+	case arch.AttnQB:
+		return slot{mat: &l.QB}, true
+	case arch.AttnKVA:
+		return slot{mat: &l.KVA}, true
+	case arch.AttnKVANorm:
+		return slot{vec: &l.KVANorm}, true
+	case arch.AttnKVB:
+		return slot{mat: &l.KVB}, true
+	case arch.AttnKB:
+		return slot{stack: &l.KB}, true
+	case arch.AttnVB:
+		return slot{stack: &l.VB}, true
 	}
 	return slot{}, false
 }
@@ -145,7 +205,61 @@ func bind(src source, c *Config) (*Weights, error) {
 	if c.TiedOutput {
 		w.Output = w.Embd
 	}
+	if c.MLA {
+		for li := range w.Layers {
+			if err := splitKVB(src, c, li, &w.Layers[li]); err != nil {
+				return nil, err
+			}
+		}
+	}
 	return w, nil
+}
+
+// splitKVB gives an MLA layer its per-head KB and VB: as stored
+// (attn_k_b, attn_v_b; the binder checked them), or cut from the combined
+// attn_kv_b of older files,
+// whose rows are, per head, qk_nope key rows then v_head value rows over
+// the latent. KB is the transpose of the key rows (the absorbed form
+// multiplies q_nope into the latent), so both are rebuilt in F32.
+func splitKVB(src source, c *Config, li int, l *Layer) error {
+	if l.KVB == nil {
+		return nil // stored split
+	}
+	kvl, nope, vh := c.KVLoRA, c.QKNope, c.VHeadDim
+	row := make([]float32, kvl)
+	l.KB, l.VB = make([]*kernels.Matrix, c.NHead), make([]*kernels.Matrix, c.NHead)
+	for h := 0; h < c.NHead; h++ {
+		kb, vb := make([]float32, kvl*nope), make([]float32, vh*kvl)
+		for j := 0; j < nope+vh; j++ {
+			if err := quant.Dequantize(l.KVB.Type, l.KVB.Row(h*(nope+vh)+j), row); err != nil {
+				return fmt.Errorf("tensor %s: %v", label(src, arch.BlockName(li, "attn_kv_b.weight")), err)
+			}
+			if j < nope {
+				for r, v := range row {
+					kb[r*nope+j] = v
+				}
+			} else {
+				copy(vb[(j-nope)*kvl:], row)
+			}
+		}
+		l.KB[h] = f32Matrix(kb, kvl, nope)
+		l.VB[h] = f32Matrix(vb, vh, kvl)
+	}
+	l.KVB = nil
+	return nil
+}
+
+// f32Matrix wraps rows×cols float32 values as an F32 matrix.
+func f32Matrix(v []float32, rows, cols int) *kernels.Matrix {
+	b := make([]byte, 4*len(v))
+	for i, x := range v {
+		binary.LittleEndian.PutUint32(b[4*i:], math.Float32bits(x))
+	}
+	m, err := kernels.NewMatrix(quant.F32, rows, cols, b)
+	if err != nil {
+		panic(err) // sized above
+	}
+	return m
 }
 
 func bindSlot(src source, t arch.Named, d arch.Dims, s slot) error {
@@ -158,8 +272,14 @@ func bindSlot(src source, t arch.Named, d arch.Dims, s slot) error {
 	case len(shape) == 1 && s.vec != nil:
 		*s.vec, err = bindVector(src, t.Name, shape[0])
 	case len(shape) == 2 && s.mat != nil:
+		if st, ok := src.tensor(t.Name); ok && t.Role == arch.FFNRouter && len(st.Dims) == 2 && st.Dims[1] != uint64(shape[1]) {
+			return fmt.Errorf("tensor %s routes to %d experts, but the metadata says expert_count %d", label(src, t.Name), st.Dims[1], shape[1])
+		}
 		*s.mat, err = bindMatrix(src, t.Name, shape[1], shape[0])
 	case len(shape) == 3 && s.stack != nil:
+		if st, ok := src.tensor(t.Name); ok && len(st.Dims) == 3 && st.Dims[2] != uint64(shape[2]) && isExperts(t.Role) {
+			return fmt.Errorf("tensor %s holds %d experts, but the metadata says expert_count %d", label(src, t.Name), st.Dims[2], shape[2])
+		}
 		*s.stack, err = bindStack(src, t.Name, shape[2], shape[1], shape[0])
 	default:
 		err = fmt.Errorf("tensor %s: declared with %d dimensions, which its field does not hold", label(src, t.Name), len(shape))
@@ -167,10 +287,17 @@ func bindSlot(src source, t arch.Named, d arch.Dims, s slot) error {
 	return err
 }
 
+func isExperts(r arch.Role) bool {
+	return r == arch.FFNGateExps || r == arch.FFNUpExps || r == arch.FFNDownExps
+}
+
 func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error) {
 	t, ok := src.tensor(name)
 	if !ok {
 		return nil, fmt.Errorf("tensor %s missing", label(src, name))
+	}
+	if t.Err != nil {
+		return nil, fmt.Errorf("tensor %s: %w", label(src, name), t.Err)
 	}
 	if !t.Type.Supported() {
 		return nil, fmt.Errorf("tensor %s: type %s not supported", label(src, name), t.typeName())
@@ -186,6 +313,7 @@ func bindMatrix(src source, name string, rows, cols int) (*kernels.Matrix, error
 		return nil, fmt.Errorf("tensor %s: %d bytes, want %d", label(src, name), len(t.Data), m.RowBytes*rows)
 	}
 	m.Data = t.Data[:m.RowBytes*rows]
+	m.Perm = t.Perm
 	return m, nil
 }
 
@@ -262,10 +390,14 @@ func bindVector(src source, name string, n int) ([]float32, error) {
 func (w *Weights) Matrices() []*kernels.Matrix {
 	out := []*kernels.Matrix{w.Embd}
 	for _, l := range w.Layers {
-		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down} {
+		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down, l.Router, l.GateShexp, l.UpShexp, l.DownShexp,
+			l.QA, l.QB, l.KVA} {
 			if m != nil {
 				out = append(out, m)
 			}
+		}
+		for _, st := range [][]*kernels.Matrix{l.GateExps, l.UpExps, l.DownExps, l.KB, l.VB} {
+			out = append(out, st...)
 		}
 	}
 	if w.Output != w.Embd {

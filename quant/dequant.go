@@ -112,6 +112,10 @@ func blockDequant(t Type) func(b []byte, y []float32) {
 		return dequantIQ4XS
 	case MXFP4:
 		return dequantMXFP4
+	case GQ4:
+		return dequantGQ4
+	case GQ8:
+		return dequantGQ8
 	}
 	return nil
 }
@@ -150,6 +154,10 @@ func dequantBlock(t Type, b []byte, y []float32) {
 		dequantIQ4XS(b, y)
 	case MXFP4:
 		dequantMXFP4(b, y)
+	case GQ4:
+		dequantGQ4(b, y)
+	case GQ8:
+		dequantGQ8(b, y)
 	}
 }
 

@@ -104,7 +104,11 @@ func (t Type) String() string {
 
 // Known reports whether the id is a ggml type whose block layout is known
 // (enough to compute sizes), supported or not.
-func (t Type) Known() bool { _, ok := types[t]; return ok }
+// Pagoda's own types (GQ4, GQ8) are not: GGUF files never hold them.
+func (t Type) Known() bool { _, ok := types[t]; return ok && !t.local() }
+
+// local reports a Pagoda-only type id (above ggml's range).
+func (t Type) local() bool { return t >= 0x10000 }
 
 // Supported reports whether Pagoda can dequantize and compute with the type.
 func (t Type) Supported() bool { return types[t].supported }
@@ -131,7 +135,7 @@ func RowSize(t Type, n int) (int, error) {
 // ParseType maps a ggml type name ("Q4_K", "f16", …) to its id.
 func ParseType(name string) (Type, error) {
 	for t, ti := range types {
-		if equalFold(ti.name, name) {
+		if !t.local() && equalFold(ti.name, name) {
 			return t, nil
 		}
 	}

@@ -56,6 +56,8 @@ func (p Params) CheckVocab(n int) error {
 type Sampler struct {
 	p   Params
 	rng rng
+	con Constraint // nil: unconstrained
+	err error      // the constraint's first failure
 
 	counts  []int32 // per-token occurrences in the penalty window
 	touched []int32
@@ -84,8 +86,16 @@ func New(p Params) (*Sampler, error) {
 		// would repeat). Reproducibility only matters with HasSeed.
 		seed = rand.Uint64()
 	}
-	return &Sampler{p: p, rng: newRNG(seed)}, nil
+	s := &Sampler{p: p, rng: newRNG(seed)}
+	if p.Constraint != nil {
+		s.con = p.Constraint()
+	}
+	return s, nil
 }
+
+// Err is the constraint's failure (no token allowed, or a token it
+// rejected), nil when none; once set, the completion cannot go on.
+func (s *Sampler) Err() error { return s.err }
 
 // Params returns the settings the sampler was built with.
 func (s *Sampler) Params() Params { return s.p }
@@ -117,11 +127,31 @@ func (s *Sampler) SampleProbs(logits []float32, history []int32) (id int32, prob
 	return id, s.probs
 }
 
-// sample is Sample; with want it also fills s.probs.
+// sample is Sample; with want it also fills s.probs. A constraint masks
+// the logits first and is fed the chosen token.
 func (s *Sampler) sample(logits []float32, history []int32, want bool) int32 {
 	if len(logits) == 0 {
 		return 0
 	}
+	if s.con == nil {
+		return s.draw1(logits, history, want)
+	}
+	if s.err != nil {
+		return 0
+	}
+	if err := s.con.Mask(logits); err != nil {
+		s.err = err
+		return 0
+	}
+	id := s.draw1(logits, history, want)
+	if err := s.con.Accept(id); err != nil {
+		s.err = err
+	}
+	return id
+}
+
+// draw1 picks a token from logits (the chain of Sample).
+func (s *Sampler) draw1(logits []float32, history []int32, want bool) int32 {
 	s.applyBias(logits)
 	s.applyPenalties(logits, history)
 	p := s.p

@@ -8,9 +8,11 @@
 // fed by GET /api/engine, which needs the API key like /v1/*).
 //
 // Deliberately unsupported (400, naming the field): suffix, echo together
-// with logprobs (prompt logprobs), best_of other than n, response_format
-// other than text, tool_choice other than auto/none, continue_final_message,
-// non-text content parts. Tool calls in the output are parsed into
+// with logprobs (prompt logprobs), best_of other than n, continue_final_message,
+// non-text content parts, and JSON schema keywords package grammar cannot
+// enforce. response_format json_object and json_schema, and tool_choice
+// "required" or a named function (Hermes and Llama 3 tool syntax), constrain
+// sampling with package grammar when the Backend is a GrammarVocaber. Tool calls in the output are parsed into
 // tool_calls for Qwen (Hermes), Llama 3.x and Mistral templates when the
 // Backend shows its template (ChatTemplateSourcer); otherwise they come back
 // as plain content.

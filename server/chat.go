@@ -25,10 +25,6 @@ type chatRequest struct {
 	ChatTemplateKwargs   map[string]any    `json:"chat_template_kwargs"`
 }
 
-type responseFormat struct {
-	Type string `json:"type"`
-}
-
 type chatMessageIn struct {
 	Role       string          `json:"role"`
 	Content    json.RawMessage `json:"content"`
@@ -153,8 +149,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		base.TopLogprobs = *req.TopLogprobs
 	}
 	base.Logprobs = req.Logprobs
-	if req.ResponseFormat != nil && req.ResponseFormat.Type != "" && req.ResponseFormat.Type != "text" {
-		writeAPIError(w, badRequest("response_format", "response_format type %q is not supported (text only)", req.ResponseFormat.Type))
+	if base.Sampling.Constraint, ae = s.constraint(req.ResponseFormat); ae != nil {
+		writeAPIError(w, ae)
 		return
 	}
 	if req.ContinueFinalMessage {
@@ -162,19 +158,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tools := req.Tools
-	if tc := bytes.TrimSpace(req.ToolChoice); len(tc) > 0 && string(tc) != "null" {
-		var choice string
-		_ = json.Unmarshal(tc, &choice)
-		switch choice {
-		case "none":
-			tools = nil
-		case "auto":
-		default:
-			// Forcing a tool needs constrained decoding; without it the
-			// model may still answer in prose.
-			writeAPIError(w, badRequest("tool_choice", "tool_choice other than \"auto\" or \"none\" is not supported"))
-			return
-		}
+	forced, none, ae := forcedTools(req.ToolChoice, tools)
+	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if none {
+		tools = nil
 	}
 	prompt, ae := s.chatPrompt(req.Messages, req.AddGenerationPrompt, tools, req.ChatTemplateKwargs, req.AddSpecialTokens)
 	if ae != nil {
@@ -189,6 +179,25 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
+	format := toolNone
+	if len(tools) > 0 {
+		if ts, ok := s.b.(ChatTemplateSourcer); ok {
+			format = detectToolFormat(ts.ChatTemplateSource())
+		}
+		er.ShowTokens = s.markerTokens(format)
+	}
+	if forced != nil {
+		// The reply must be a call: constrained decoding writes it.
+		if er.Sampling.Constraint != nil {
+			writeAPIError(w, badRequest("tool_choice", "tool_choice that forces a call cannot be combined with response_format"))
+			return
+		}
+		if er.Sampling.Constraint, ae = s.toolConstraint(format, forced); ae != nil {
+			writeAPIError(w, ae)
+			return
+		}
+	}
+
 	if !s.admit(w) {
 		return
 	}
@@ -201,12 +210,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, submitError(err))
 		return
 	}
-	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs)}
-	if len(tools) > 0 {
-		if ts, ok := s.b.(ChatTemplateSourcer); ok {
-			c.tools = detectToolFormat(ts.ChatTemplateSource())
-		}
-	}
+	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs), tools: format}
 	if req.Stream {
 		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
 	} else {

@@ -25,6 +25,7 @@ type completionRequest struct {
 	Echo             bool            `json:"echo"`
 	Logprobs         *int            `json:"logprobs"`
 	AddSpecialTokens *bool           `json:"add_special_tokens"`
+	ResponseFormat   *responseFormat `json:"response_format"`
 }
 
 // promptItem is one prompt of a completions request.
@@ -123,6 +124,10 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	lim := s.limits()
 	base, ae := req.toEngine(lim)
 	if ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
+	if base.Sampling.Constraint, ae = s.constraint(req.ResponseFormat); ae != nil {
 		writeAPIError(w, ae)
 		return
 	}

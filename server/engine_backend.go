@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"pagoda/engine"
+	"pagoda/grammar"
 	"pagoda/jinja"
 	"pagoda/tokenizer"
 )
@@ -27,6 +29,16 @@ type EngineBackend struct {
 	ctxLen int
 	tmpl   *jinja.Template // nil: the model has no chat template
 	src    string          // tmpl's source, for the tool-call syntax
+
+	gvOnce sync.Once
+	gv     *grammar.Vocab
+}
+
+// GrammarVocab indexes the vocabulary for constrained sampling, once, on
+// the first request that needs it.
+func (b *EngineBackend) GrammarVocab() *grammar.Vocab {
+	b.gvOnce.Do(func() { b.gv = grammar.NewVocab(b.tok) })
+	return b.gv
 }
 
 // NewEngineBackend builds the Backend. chatTemplate overrides the

@@ -1,14 +1,19 @@
 package server
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
+
+	"pagoda/grammar"
 )
 
 // openaiNode finds node and the openai package, or skips the test. It
@@ -151,5 +156,65 @@ func TestOpenAINodeToolCalls(t *testing.T) {
 	}
 	if got.RoundTrip != "tool_calls" {
 		t.Errorf("round trip finish %q", got.RoundTrip)
+	}
+}
+
+// TestOpenAINodeJSON runs openai-node's JSON mode, structured outputs
+// (chat.completions.parse, streaming) and a forced tool call against the
+// real stories260K model.
+func TestOpenAINodeJSON(t *testing.T) {
+	openaiNode(t)
+	ts := toolServer(t, "{% for m in messages %}{{ m.content }}{% endfor %}{# <tool_call> #}")
+	type owner struct {
+		Name    string
+		Age     int
+		Pet     string
+		Friends []string
+	}
+	type reply struct {
+		Parsed json.RawMessage
+		Finish string
+	}
+	var got struct {
+		Object struct{ Content, Finish string }
+		Schema []reply
+		Stream reply
+		Tool   struct {
+			Finish string
+			Calls  [][]any
+		}
+		Bad struct {
+			Status         int
+			Param, Message string
+		}
+	}
+	out := runNodeScript(t, ts.URL, "openai_json.js")
+	if err := json.Unmarshal(out, &got); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	o := got.Object
+	m := grammar.New(grammar.JSONObject(), grammar.NewVocabBytes(nil, nil)).Matcher()
+	if err := m.AcceptBytes([]byte(o.Content)); err != nil || (o.Finish == "stop") != m.Complete() || (o.Finish != "stop" && o.Finish != "length") {
+		t.Errorf("json_object: %+v: %v", o, err)
+	}
+	replies := append(got.Schema, got.Stream)
+	if len(replies) != 3 {
+		t.Fatalf("%d replies, want 3: %s", len(replies), out)
+	}
+	for _, r := range replies {
+		var p owner
+		d := json.NewDecoder(bytes.NewReader(r.Parsed))
+		d.DisallowUnknownFields()
+		if err := d.Decode(&p); err != nil || r.Finish != "stop" || (p.Pet != "cat" && p.Pet != "dog") ||
+			p.Friends == nil || len(p.Friends) > 2 || utf8.RuneCountInString(p.Name) > 10 {
+			t.Errorf("json_schema: %s finish %q: %+v %v", r.Parsed, r.Finish, p, err)
+		}
+	}
+	if tc := got.Tool; tc.Finish != "tool_calls" || len(tc.Calls) != 1 || tc.Calls[0][0] != "get_time" ||
+		!reflect.DeepEqual(tc.Calls[0][1], map[string]any{"tz": "CET"}) && !reflect.DeepEqual(tc.Calls[0][1], map[string]any{"tz": "UTC"}) {
+		t.Errorf("forced tool call: %+v", tc)
+	}
+	if got.Bad.Status != 400 || got.Bad.Param != "response_format" || !strings.Contains(got.Bad.Message, "pattern") {
+		t.Errorf("bad schema: %+v", got.Bad)
 	}
 }

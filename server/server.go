@@ -100,6 +100,7 @@ type Server struct {
 	loopback atomic.Bool // listening on loopback only: check Host headers
 	abort    chan struct{}
 	abortMu  sync.Once
+	cons     constraints // compiled response formats
 
 	httpReqs *prometheus.CounterVec
 	httpDur  *prometheus.HistogramVec

@@ -3,9 +3,13 @@ package server
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"strings"
 
 	"pagoda/engine"
+	"pagoda/grammar"
+	"pagoda/sample"
 )
 
 // finishToolCalls is OpenAI's finish reason for a reply that is tool calls;
@@ -52,6 +56,126 @@ func detectToolFormat(tmpl string) toolFormat {
 		return toolLlama
 	}
 	return toolNone
+}
+
+// markerTokens are the ids of f's markers that the vocabulary holds as
+// single (special) tokens: the engine must render them as text, which
+// detokenization does not do for control tokens, or the parser would
+// never see a call.
+func (s *Server) markerTokens(f toolFormat) []int32 {
+	var markers []string
+	switch f {
+	case toolHermes:
+		markers = []string{hermesOpen, hermesClose}
+	case toolMistral:
+		markers = []string{mistralTag, mistralArgs}
+	case toolLlama:
+		markers = []string{pythonTag}
+	}
+	var ids []int32
+	for _, m := range markers {
+		if t := s.b.Tokenize(m, false); len(t) == 1 {
+			ids = append(ids, t[0])
+		}
+	}
+	return ids
+}
+
+// toolDef is the part of a request's tool the grammar needs.
+type toolDef struct {
+	Type     string `json:"type"`
+	Function struct {
+		Name       string          `json:"name"`
+		Parameters json.RawMessage `json:"parameters"`
+	} `json:"function"`
+}
+
+// forcedTools reads tool_choice: nil for "auto" (or absent), an empty
+// list for "none", otherwise the tools one of which the reply must call
+// ("required": any; {"type":"function","function":{"name":…}}: that one).
+func forcedTools(choice json.RawMessage, tools []json.RawMessage) (forced []toolDef, none bool, ae *apiError) {
+	tc := bytes.TrimSpace(choice)
+	if len(tc) == 0 || string(tc) == "null" {
+		return nil, false, nil
+	}
+	var name string
+	var mode string
+	if err := json.Unmarshal(tc, &mode); err != nil {
+		var named struct {
+			Type     string `json:"type"`
+			Function struct {
+				Name string `json:"name"`
+			} `json:"function"`
+		}
+		if err := json.Unmarshal(tc, &named); err != nil || named.Type != "function" || named.Function.Name == "" {
+			return nil, false, badRequest("tool_choice", `tool_choice must be "none", "auto", "required" or {"type":"function","function":{"name":…}}`)
+		}
+		mode, name = "named", named.Function.Name
+	}
+	switch mode {
+	case "none":
+		return nil, true, nil
+	case "auto":
+		return nil, false, nil
+	case "required", "named":
+	default:
+		return nil, false, badRequest("tool_choice", "tool_choice %q is not supported (none, auto, required or a named function)", mode)
+	}
+	if len(tools) == 0 {
+		return nil, false, badRequest("tool_choice", "tool_choice %s needs tools", tc)
+	}
+	for i, raw := range tools {
+		var d toolDef
+		if err := json.Unmarshal(raw, &d); err != nil || d.Function.Name == "" {
+			return nil, false, badRequest("tools", "tools[%d] must be {\"type\":\"function\",\"function\":{\"name\":…}}", i)
+		}
+		if name == "" || d.Function.Name == name {
+			forced = append(forced, d)
+		}
+	}
+	if len(forced) == 0 {
+		return nil, false, badRequest("tool_choice", "tool_choice names %q, which is not among the tools", name)
+	}
+	return forced, false, nil
+}
+
+// toolConstraint makes the reply one call of one of tools, in the syntax
+// of format f: Hermes <tool_call>{"name":…,"arguments":…}</tool_call> or
+// Llama's bare {"name":…,"parameters":…}.
+func (s *Server) toolConstraint(f toolFormat, tools []toolDef) (func() sample.Constraint, *apiError) {
+	var prefix, suffix, args string
+	switch f {
+	case toolHermes:
+		prefix, suffix, args = hermesOpen, hermesClose, "arguments"
+	case toolLlama:
+		args = "parameters"
+	default:
+		return nil, badRequest("tool_choice", "forcing a tool call needs a chat template with Hermes (<tool_call>) or Llama 3 JSON tool calls")
+	}
+	var branches []string
+	for _, t := range tools {
+		name, _ := json.Marshal(t.Function.Name)
+		params := string(bytes.TrimSpace(t.Function.Parameters))
+		if params == "" || params == "null" {
+			params = `{"type":"object"}`
+		}
+		branches = append(branches, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},%q:%s},"required":["name",%q],"additionalProperties":false}`,
+			name, args, params, args))
+	}
+	schema := branches[0]
+	if len(branches) > 1 {
+		schema = `{"anyOf":[` + strings.Join(branches, ",") + `]}`
+	}
+	fn, err := s.cachedConstraint(fmt.Sprintf("tools:%d:%s", f, schema), func() (*grammar.Grammar, error) {
+		return grammar.CompileSchemaBetween([]byte(schema), prefix, suffix)
+	})
+	if err != nil {
+		if errors.Is(err, errNoGrammar) {
+			return nil, badRequest("tool_choice", "forcing a tool call is not supported by this backend")
+		}
+		return nil, badRequest("tools", "tool parameters: %v", err)
+	}
+	return fn, nil
 }
 
 // toolCall is one parsed call; Arguments is JSON text, as OpenAI sends it.

@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"pagoda/kernels"
 	"pagoda/model"
 )
 
@@ -63,6 +64,11 @@ type Result struct {
 	// ReadGBps is the machine's read bandwidth measured in the same run
 	// (tg only, when probed): GBps/ReadGBps is the share decode reaches.
 	ReadGBps float64 `json:"read_bw_gb_per_s,omitempty"`
+	// BytesPerToken is the weight bytes one decode step reads (tg only):
+	// every matrix but the embedding table, except that of a
+	// mixture-of-experts model's routed experts only those the router
+	// selected count, as measured by the model's counter.
+	BytesPerToken float64 `json:"weight_bytes_per_token,omitempty"`
 }
 
 // Run measures t on m, reps times after one warm-up run.
@@ -132,6 +138,7 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	r := &Result{Test: t.String(), Tokens: t.N * seqs, Threads: m.Pool().Threads(), Batch: batch,
 		Commit: Commit(), CPU: CPUName(), GoVersion: runtime.Version(), Params: c.Params()}
 	r.SizeBytes, r.Quant = weightBytes(m)
+	expertsBefore := m.ExpertBytesRead()
 	for i := 0; i < reps; i++ {
 		d, err := once()
 		if err != nil {
@@ -141,8 +148,10 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 	}
 	r.Mean, r.Stddev, r.Min, r.Max = stats(r.Samples)
 	if t.Kind == "tg" {
-		// Weights are read once per step whatever the batch.
-		r.GBps = r.Mean / float64(seqs) * float64(r.SizeBytes) / 1e9
+		// Weights are read once per step whatever the batch (of a
+		// mixture-of-experts model, the experts some row selected).
+		r.BytesPerToken = float64(r.SizeBytes-routedExpertBytes(m)) + float64(m.ExpertBytesRead()-expertsBefore)/float64(reps*t.N)
+		r.GBps = r.Mean / float64(seqs) * r.BytesPerToken / 1e9
 		if seqs > 1 {
 			r.Seqs, r.PerSeq = seqs, r.Mean/float64(seqs)
 		}
@@ -164,6 +173,19 @@ func stats(x []float64) (mean, sd, lo, hi float64) {
 		sd = math.Sqrt(sd / float64(len(x)-1))
 	}
 	return
+}
+
+// routedExpertBytes is the size of all routed experts' matrices.
+func routedExpertBytes(m *model.Model) int64 {
+	var n int64
+	for _, l := range m.W.Layers {
+		for _, st := range [][]*kernels.Matrix{l.GateExps, l.UpExps, l.DownExps} {
+			for _, w := range st {
+				n += int64(len(w.Data))
+			}
+		}
+	}
+	return n
 }
 
 // weightBytes sums the matrices a decode step reads and names the mix of

@@ -37,6 +37,19 @@ type Shape struct {
 	RMSEps                                                    float64
 	// Tied: no output.weight; the token embedding doubles as the output.
 	Tied bool
+
+	// Mixture of experts (Experts 0: dense): ExpertsUsed of Experts
+	// experts of width ExpertFFN per token, shared experts of total width
+	// SharedFFN (a multiple of ExpertFFN for deepseek2), and DenseLead
+	// leading layers with the dense FFN of width FFN (deepseek2).
+	Experts, ExpertsUsed, ExpertFFN, SharedFFN, DenseLead int
+	// ExpertWeightsNorm and ExpertWeightsScale are deepseek2's routing
+	// metadata (written only for deepseek2).
+	ExpertWeightsNorm  bool
+	ExpertWeightsScale float64
+	// Multi-head latent attention (deepseek2): QLoRA 0 means a plain
+	// attn_q; HeadDim is ignored (QKNope+QKRope per query head).
+	QLoRA, KVLoRA, QKNope, QKRope, VHead int
 }
 
 var presets = map[string]Shape{
@@ -50,6 +63,19 @@ var presets = map[string]Shape{
 		Vocab: 128256, Context: 8192, RopeTheta: 500000, RMSEps: 1e-5, Tied: true},
 	"qwen2.5-0.5b": {Arch: "llama", Layers: 24, Dim: 896, Heads: 14, KVHeads: 2, HeadDim: 64, FFN: 4864,
 		Vocab: 32000, Context: 32768, RopeTheta: 1e6, RMSEps: 1e-6, Tied: true},
+	// Mixture of experts and MLA, with the real models' shapes (contexts
+	// capped at 8192 like above). OLMoE-1B-7B: 64 experts, 8 per token.
+	"olmoe-1b-7b": {Arch: "olmoe", Layers: 16, Dim: 2048, Heads: 16, KVHeads: 16, HeadDim: 128, FFN: 1024,
+		Vocab: 50304, Context: 4096, RopeTheta: 10000, RMSEps: 1e-5, Experts: 64, ExpertsUsed: 8, ExpertFFN: 1024},
+	// Qwen1.5-MoE-A2.7B: 60 experts, 4 per token, a gated shared expert.
+	"qwen1.5-moe-a2.7b": {Arch: "qwen2moe", Layers: 24, Dim: 2048, Heads: 16, KVHeads: 16, HeadDim: 128, FFN: 5632,
+		Vocab: 151936, Context: 8192, RopeTheta: 1e6, RMSEps: 1e-6, Experts: 60, ExpertsUsed: 4, ExpertFFN: 1408, SharedFFN: 5632},
+	// DeepSeek-V2-Lite: MLA without q_lora (kv_lora 512, qk 128+64, v
+	// 128), one dense layer, 64 experts, 6 per token, 2 shared. The real
+	// model's YaRN rope scaling (factor 40 past 4096) is left out.
+	"deepseek-v2-lite": {Arch: "deepseek2", Layers: 27, Dim: 2048, Heads: 16, KVHeads: 1, FFN: 10944,
+		Vocab: 102400, Context: 4096, RopeTheta: 10000, RMSEps: 1e-6, Experts: 64, ExpertsUsed: 6, ExpertFFN: 1408,
+		SharedFFN: 2 * 1408, DenseLead: 1, KVLoRA: 512, QKNope: 128, QKRope: 64, VHead: 128, ExpertWeightsScale: 1},
 }
 
 // Presets lists the preset names, sorted.
@@ -100,7 +126,19 @@ func (s Shape) Params() int64 {
 }
 
 func (s Shape) dims() arch.Dims {
-	return arch.Dims{Embd: s.Dim, Heads: s.Heads, KVHeads: s.KVHeads, HeadDim: s.HeadDim, FFN: s.FFN, Vocab: s.Vocab, Tied: s.Tied}
+	return arch.Dims{Embd: s.Dim, Heads: s.Heads, KVHeads: s.KVHeads, HeadDim: s.HeadDim, FFN: s.FFN, Vocab: s.Vocab, Tied: s.Tied,
+		Experts: s.Experts, ExpertFFN: s.ExpertFFN, SharedFFN: s.SharedFFN, DenseLead: s.DenseLead,
+		QLoRA: s.QLoRA, KVLoRA: s.KVLoRA, QKNope: s.QKNope, QKRope: s.QKRope, VHead: s.VHead}
+}
+
+// mla says whether the shape's attention is multi-head latent attention.
+func (s Shape) mla() bool {
+	a := arch.Lookup(s.Arch)
+	if a == nil {
+		return false
+	}
+	_, ok := a.Attn.(arch.MLA)
+	return ok
 }
 
 func (s Shape) withDefaults() Shape {
@@ -112,6 +150,10 @@ func (s Shape) withDefaults() Shape {
 	}
 	if s.HeadDim == 0 && s.Heads > 0 {
 		s.HeadDim = s.Dim / s.Heads
+	}
+	if s.mla() {
+		// The cache row: what llama.cpp's converter writes as key_length.
+		s.KVHeads, s.HeadDim = 1, s.KVLoRA+s.QKRope
 	}
 	if s.Context == 0 {
 		s.Context = 2048
@@ -137,6 +179,24 @@ func (s Shape) validate() error {
 		if f.v <= 0 || f.v > 1<<24 {
 			return fmt.Errorf("%s = %d out of range", f.name, f.v)
 		}
+	}
+	a := arch.Lookup(s.Arch)
+	if s.Experts > 0 {
+		if a.MoE == nil {
+			return fmt.Errorf("architecture %s has no mixture-of-experts form", s.Arch)
+		}
+		if s.ExpertsUsed <= 0 || s.ExpertsUsed > s.Experts || s.ExpertFFN <= 0 || s.SharedFFN < 0 || s.DenseLead < 0 || s.DenseLead > s.Layers {
+			return fmt.Errorf("experts %d, used %d, width %d, shared %d, dense lead %d out of range",
+				s.Experts, s.ExpertsUsed, s.ExpertFFN, s.SharedFFN, s.DenseLead)
+		}
+		if s.Arch == "deepseek2" && s.SharedFFN%s.ExpertFFN != 0 {
+			return fmt.Errorf("deepseek2 shared width %d is not a multiple of the expert width %d", s.SharedFFN, s.ExpertFFN)
+		}
+	} else if a.FFN == nil {
+		return fmt.Errorf("architecture %s needs experts", s.Arch)
+	}
+	if s.mla() && (s.KVLoRA <= 0 || s.QKNope <= 0 || s.QKRope <= 0 || s.QKRope%2 != 0 || s.VHead <= 0 || s.QLoRA < 0) {
+		return fmt.Errorf("MLA ranks and head dims out of range: q_lora %d, kv_lora %d, qk %d+%d, v %d", s.QLoRA, s.KVLoRA, s.QKNope, s.QKRope, s.VHead)
 	}
 	if s.Heads%s.KVHeads != 0 {
 		return fmt.Errorf("heads %d is not a multiple of kv heads %d", s.Heads, s.KVHeads)
@@ -271,8 +331,35 @@ func newWriter(o Options) (*gguf.Writer, error) {
 	set(a+".attention.head_count", uint32(s.Heads))
 	set(a+".attention.head_count_kv", uint32(s.KVHeads))
 	set(a+".attention.key_length", uint32(s.HeadDim))
-	set(a+".attention.value_length", uint32(s.HeadDim))
-	set(a+".rope.dimension_count", uint32(s.HeadDim))
+	if s.mla() {
+		// As llama.cpp's converter writes MLA: key_length is the cache row
+		// (kv_lora + rope), value_length the latent, the heads in *_mla.
+		set(a+".attention.value_length", uint32(s.KVLoRA))
+		set(a+".attention.q_lora_rank", uint32(s.QLoRA))
+		set(a+".attention.kv_lora_rank", uint32(s.KVLoRA))
+		set(a+".attention.key_length_mla", uint32(s.QKNope+s.QKRope))
+		set(a+".attention.value_length_mla", uint32(s.VHead))
+		set(a+".rope.dimension_count", uint32(s.QKRope))
+	} else {
+		set(a+".attention.value_length", uint32(s.HeadDim))
+		set(a+".rope.dimension_count", uint32(s.HeadDim))
+	}
+	if s.Experts > 0 {
+		set(a+".expert_count", uint32(s.Experts))
+		set(a+".expert_used_count", uint32(s.ExpertsUsed))
+		set(a+".expert_feed_forward_length", uint32(s.ExpertFFN))
+		switch {
+		case s.Arch == "deepseek2":
+			set(a+".leading_dense_block_count", uint32(s.DenseLead))
+			set(a+".expert_shared_count", uint32(s.SharedFFN/s.ExpertFFN))
+			set(a+".expert_weights_norm", s.ExpertWeightsNorm)
+			if s.ExpertWeightsScale != 0 {
+				set(a+".expert_weights_scale", float32(s.ExpertWeightsScale))
+			}
+		case s.SharedFFN > 0:
+			set(a+".expert_shared_feed_forward_length", uint32(s.SharedFFN))
+		}
+	}
 	set(a+".rope.freq_base", float32(s.RopeTheta))
 	set(a+".attention.layer_norm_rms_epsilon", float32(s.RMSEps))
 	for _, kv := range vocab.kv {
@@ -304,6 +391,9 @@ func tensors(s Shape, o Options) []tensor {
 	d := s.dims()
 	var out []tensor
 	for _, t := range arch.Lookup(s.Arch).Tensors(d, s.Layers) {
+		if t.Optional {
+			continue // e.g. DeepSeek-V3's exp_probs_b
+		}
 		shape := t.Shape(d)
 		dims := make([]uint64, len(shape))
 		for i, x := range shape {
@@ -313,6 +403,8 @@ func tensors(s Shape, o Options) []tensor {
 		switch {
 		case t.Role.IsNorm():
 			st.fill = fillOnes
+		case t.Role == arch.FFNRouter:
+			// llama-quantize never quantizes the router.
 		case len(dims) >= 2:
 			typ := o.Type
 			if t.Role == arch.Output || (t.Role == arch.TokenEmbd && s.Tied) {

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"pagoda/gguf"
+	"pagoda/model"
 	"pagoda/quant"
 	"pagoda/testutil"
 )
@@ -275,6 +276,12 @@ func TestPresets(t *testing.T) {
 		"tinyllama-1.1b": 1100048384, // TinyLlama-1.1B's published count
 		"llama3.2-1b":    1235814400, // Llama-3.2-1B's published count
 		"qwen2.5-0.5b":   24*(896*896+2*896*128+896*896+3*896*4864+2*896) + 32000*896 + 896,
+		// Attention, dense layer, 26 MoE layers (router, 64 experts, 2
+		// shared), embeddings: DeepSeek-V2-Lite's published 15.7 B.
+		"deepseek-v2-lite": 2*102400*2048 + 2048 + 27*(2048+2048*16*192+2048*576+512+2*128*512*16+2048*2048) +
+			(2048 + 3*2048*10944) + 26*(2048+2048*64+3*2048*1408*64+3*2048*2816),
+		// OLMoE-1B-7B: 6.9 B in all.
+		"olmoe-1b-7b": 2*50304*2048 + 2048 + 16*(2048+4*2048*2048+2*2048+2048+2048*64+3*2048*1024*64),
 	}
 	for name, n := range want {
 		s, err := Preset(name)
@@ -285,7 +292,7 @@ func TestPresets(t *testing.T) {
 			t.Errorf("%s: %d params, want %d", name, got, n)
 		}
 	}
-	if !reflect.DeepEqual(Presets(), []string{"llama3.2-1b", "qwen2.5-0.5b", "tiny", "tinyllama-1.1b"}) {
+	if !reflect.DeepEqual(Presets(), []string{"deepseek-v2-lite", "llama3.2-1b", "olmoe-1b-7b", "qwen1.5-moe-a2.7b", "qwen2.5-0.5b", "tiny", "tinyllama-1.1b"}) {
 		t.Errorf("presets %v", Presets())
 	}
 	s, _ := Preset("TinyLlama-1.1B")
@@ -445,5 +452,55 @@ func BenchmarkTinyLlamaQ4_0(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.SetBytes(n)
+	}
+}
+
+// Small MoE and MLA shapes of every such architecture write files the
+// model package loads and runs, with the metadata llama.cpp's converter
+// writes (expert widths, deepseek2's MLA keys).
+func TestMoEShapesLoad(t *testing.T) {
+	moe := Shape{Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FFN: 96, Vocab: 300, Context: 64,
+		Experts: 4, ExpertsUsed: 2, ExpertFFN: 32}
+	for _, tc := range []struct {
+		arch string
+		edit func(*Shape)
+	}{
+		{"llama", nil}, {"qwen3moe", nil}, {"olmoe", nil},
+		{"qwen2moe", func(s *Shape) { s.SharedFFN = 48 }},
+		{"deepseek2", func(s *Shape) {
+			s.SharedFFN, s.DenseLead, s.QLoRA, s.KVLoRA, s.QKNope, s.QKRope, s.VHead = 64, 1, 24, 32, 16, 8, 16
+			s.ExpertWeightsNorm, s.ExpertWeightsScale = true, 2
+		}},
+		{"deepseek2", func(s *Shape) { s.DenseLead, s.KVLoRA, s.QKNope, s.QKRope, s.VHead = 1, 32, 16, 8, 16 }},
+	} {
+		s := moe
+		s.Arch = tc.arch
+		if tc.edit != nil {
+			tc.edit(&s)
+		}
+		path := filepath.Join(t.TempDir(), tc.arch+".gguf")
+		if err := Write(path, Options{Shape: s, Type: quant.Q8_0, Std: 0.1}); err != nil {
+			t.Fatalf("%s: %v", tc.arch, err)
+		}
+		m, err := model.Open(path, model.Options{Threads: 1})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.arch, err)
+		}
+		c := m.Config
+		if c.NExpert != 4 || c.NExpertUsed != 2 || c.ExpertFFN != 32 || c.SharedFFN != s.SharedFFN || c.NDenseLead != s.DenseLead {
+			t.Errorf("%s: config %+v", tc.arch, c)
+		}
+		if tc.arch == "deepseek2" && (!c.MLA || c.KVLoRA != 32 || c.QKNope != 16 || c.QKRope != 8 || c.VHeadDim != 16 ||
+			c.QLoRA != s.QLoRA || c.HeadDim != 40 || c.ExpertNorm != s.ExpertWeightsNorm || c.ExpertScale != float32(s.ExpertWeightsScale)) {
+			t.Errorf("deepseek2: config %+v", c)
+		}
+		if got := c.Params(); got != s.Params() {
+			t.Errorf("%s: %d params loaded, %d declared", tc.arch, got, s.Params())
+		}
+		b := &model.Batch{Tokens: []int32{1, 2, 3}, Pos: []int32{0, 1, 2}, Seq: []int32{0, 0, 0}}
+		if _, err := m.Forward(b, m.NewFlatCache(1, 8)); err != nil {
+			t.Errorf("%s: %v", tc.arch, err)
+		}
+		m.Close()
 	}
 }

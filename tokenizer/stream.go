@@ -18,6 +18,19 @@ type Stream struct {
 	v       *Vocab
 	strip   bool // the leading space is still to be dropped
 	pending []byte
+	show    map[int32]bool // control tokens rendered as their text
+}
+
+// ShowSpecial renders the given control tokens as their vocabulary text
+// instead of nothing: the tool-call markers some models emit as control
+// tokens (Mistral's [TOOL_CALLS]) must reach the tool-call parser.
+func (s *Stream) ShowSpecial(ids ...int32) {
+	for _, id := range ids {
+		if s.show == nil {
+			s.show = map[int32]bool{}
+		}
+		s.show[id] = true
+	}
 }
 
 // NewStream starts an incremental detokenizer over t.
@@ -39,7 +52,12 @@ func (s *Stream) Flush() string {
 
 func (s *Stream) appendToken(dst []byte, id int32) []byte {
 	if s.v != nil && s.v.Types != nil && id >= 0 && int(id) < len(s.v.Types) && s.v.Types[id] == TypeControl {
-		return dst
+		if !s.show[id] {
+			return dst
+		}
+		s.strip = false
+		s.pending = append(s.pending, s.v.Tokens[id]...)
+		return s.drain(dst, false)
 	}
 	b := s.t.TokenBytes(id)
 	if len(b) == 0 {

@@ -24,6 +24,10 @@ func NewTextStream(tok Tokenizer, prompt []int32, stops []string) *TextStream {
 	return &TextStream{stream: s, stops: stops}
 }
 
+// ShowSpecial renders the given control tokens as their text (see
+// Stream.ShowSpecial).
+func (t *TextStream) ShowSpecial(ids ...int32) { t.stream.ShowSpecial(ids...) }
+
 // Add feeds a token; it returns the text that is safe to emit and whether a
 // stop string matched (then nothing more should be fed).
 func (t *TextStream) Add(id int32) (string, bool) {

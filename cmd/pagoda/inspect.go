@@ -38,8 +38,34 @@ func runInspect(args []string) error {
 	fmt.Fprintf(w, "architecture  %s\n", c.Arch)
 	fmt.Fprintf(w, "layers        %d\n", c.NLayer)
 	fmt.Fprintf(w, "embedding     %d\n", c.NEmbd)
-	fmt.Fprintf(w, "heads         %d (KV heads %d, head dim %d; %s)\n", c.NHead, c.NKVHead, c.HeadDim, attnKind(c))
-	fmt.Fprintf(w, "feed-forward  %d\n", c.FFN)
+	if c.MLA {
+		fmt.Fprintf(w, "heads         %d (MLA: q_lora %d, kv_lora %d, qk %d+%d, v %d; cache row %d for all heads)\n",
+			c.NHead, c.QLoRA, c.KVLoRA, c.QKNope, c.QKRope, c.VHeadDim, c.KVLoRA+c.QKRope)
+	} else {
+		fmt.Fprintf(w, "heads         %d (KV heads %d, head dim %d; %s)\n", c.NHead, c.NKVHead, c.HeadDim, attnKind(c))
+	}
+	if c.NExpert > 0 && c.NDenseLead > 0 {
+		fmt.Fprintf(w, "feed-forward  %d dense (first %d layers)\n", c.FFN, c.NDenseLead)
+	} else if c.NExpert == 0 {
+		fmt.Fprintf(w, "feed-forward  %d\n", c.FFN)
+	}
+	if c.NExpert > 0 {
+		norm, scale := "", ""
+		if c.ExpertNorm {
+			norm = ", renormalised"
+		}
+		if c.ExpertScale != 0 && c.ExpertScale != 1 {
+			scale = fmt.Sprintf(", ×%g", c.ExpertScale)
+		}
+		fmt.Fprintf(w, "experts       %d, %d used per token, width %d; %s gating%s%s", c.NExpert, c.NExpertUsed, c.ExpertFFN, c.Gating, norm, scale)
+		if c.SharedFFN > 0 {
+			fmt.Fprintf(w, "; shared width %d", c.SharedFFN)
+			if c.SharedGate {
+				fmt.Fprintf(w, " (sigmoid gate)")
+			}
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "vocabulary    %d\n", c.VocabSize)
 	fmt.Fprintf(w, "context       %d\n", c.ContextLen)
 	rope := "normal (adjacent pairs)"
@@ -86,10 +112,14 @@ func runInspect(args []string) error {
 		parts = append(parts, fmt.Sprintf("%s×%d", k, types[k]))
 	}
 	fmt.Fprintf(w, "matrices      %s (%.2f MB)\n", strings.Join(parts, ", "), float64(bytes)/1e6)
-	shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
-	f16 := kvcache.KVBytesPerToken(shape, kvcache.F16)
-	fmt.Fprintf(w, "KV per token  %d bytes f16, %d bytes f32 (%.1f MB f16 at full context)\n",
-		f16, kvcache.KVBytesPerToken(shape, kvcache.F32), float64(f16*int64(c.ContextLen))/1e6)
+	f16, mha := c.KVBytesPerToken(kvcache.F16.Size())
+	f32, _ := c.KVBytesPerToken(kvcache.F32.Size())
+	fmt.Fprintf(w, "KV per token  %d bytes f16, %d bytes f32 (%.1f MB f16 at full context)",
+		f16, f32, float64(f16*int64(c.ContextLen))/1e6)
+	if c.MLA {
+		fmt.Fprintf(w, "; MHA equivalent %d bytes f16 (%.1f× more)", mha, float64(mha)/float64(f16))
+	}
+	fmt.Fprintln(w)
 	if tok := m.Tokenizer(); tok != nil {
 		v := tok.Vocab()
 		fmt.Fprintf(w, "tokenizer     %s (pre %q), %d tokens, BOS %d EOS %d, add BOS %v\n", v.Model, v.Pre, v.Size(), v.BOS, v.EOS, v.AddBOS)

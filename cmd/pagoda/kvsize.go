@@ -45,6 +45,9 @@ func runKVSize(args []string) error {
 		}
 		c := m.Config
 		m.Close()
+		if c.MLA {
+			return mlaSize(&c, *modelPath, d, *batch, *length, *block)
+		}
 		s = kvcache.Shape{Name: *modelPath, NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
 	case *shapeName != "":
 		if s, err = kvcache.LookupShape(*shapeName); err != nil {
@@ -86,4 +89,29 @@ func gbOrTooLarge(b int64, approx float64) string {
 		return fmt.Sprintf("about %.3g GB (over 2^63 bytes)", approx/1e9)
 	}
 	return fmt.Sprintf("%.2f GB", float64(b)/1e9)
+}
+
+// mlaSize reports an MLA model's latent-only cache: one row of
+// kv_lora_rank + rope values per token and layer for all heads, beside the
+// multi-head equivalent (every head's K and V).
+func mlaSize(c *model.Config, name string, d kvcache.DType, batch, length, block int) error {
+	if batch < 0 || length < 0 || block < 0 {
+		return fmt.Errorf("negative size input: batch %d, length %d, block size %d", batch, length, block)
+	}
+	per, mha := c.KVBytesPerToken(d.Size())
+	n := int64(length)
+	if block > 0 {
+		n = (n + int64(block) - 1) / int64(block) * int64(block)
+	}
+	total := float64(per) * float64(n) * float64(batch)
+	w := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(w, "model\t%s\n", name)
+	fmt.Fprintf(w, "attention\tMLA: %d layers × (kv_lora_rank %d + rope %d) latent, one row for %d heads\n", c.NLayer, c.KVLoRA, c.QKRope, c.NHead)
+	fmt.Fprintf(w, "dtype\t%s\n", d)
+	fmt.Fprintf(w, "bytes per token\t%d (%.1f KiB)\n", per, float64(per)/1024)
+	fmt.Fprintf(w, "batch × length\t%d × %d\n", batch, length)
+	fmt.Fprintf(w, "total\t%.0f bytes = %.2f GB (%.2f GiB)\n", total, total/1e9, total/(1<<30))
+	fmt.Fprintf(w, "MHA equivalent\t%d bytes per token (K %d + V %d per head), %.2f GB (%.1f× more)\n",
+		mha, c.QKNope+c.QKRope, c.VHeadDim, total*float64(mha)/float64(per)/1e9, float64(mha)/float64(per))
+	return w.Flush()
 }

@@ -221,9 +221,10 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	nkv, kd, vd := c.KVShape()
 	reg := prometheus.NewRegistry()
 	eng, err := engine.New(m, tok, engine.Config{
-		ModelName: *name, NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		ModelName: *name, NLayer: c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
@@ -231,6 +232,9 @@ func runServe(args []string) error {
 	})
 	if err != nil {
 		return err
+	}
+	if c.NExpert > 0 {
+		reg.MustRegister(engine.NewExpertCollector(m, *name))
 	}
 	eng.Start()
 	backend, err := server.NewEngineBackend(eng, tok, *name, apiCtx, tmpl)
