@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"pagoda/convert"
+	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/quant"
 	"pagoda/sample"
@@ -160,5 +161,44 @@ func TestSpecStoriesDistribution(t *testing.T) {
 			}
 			mustNoLeak(t, e)
 		}
+	}
+}
+
+// TestSpecMLAAndMoEDraft: an MLA (latent-only cache) and a MoE model each
+// draft for themselves through the draft proposer's own paged cache; the
+// greedy output equals the flat reference, and the drafts are accepted.
+func TestSpecMLAAndMoEDraft(t *testing.T) {
+	dir := testutil.Shared(t, "golden")
+	for _, name := range []string{"g-deepseek2.F32.gguf", "g-qwen2moe.F32.gguf"} {
+		t.Run(name, func(t *testing.T) {
+			m, err := model.Open(filepath.Join(dir, "models", name), model.Options{Threads: 2})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer m.Close()
+			d, err := spec.NewDraft(m, m.Tokenizer().Vocab(), spec.DraftOptions{TargetVocab: m.Config.VocabSize, KVBlocks: 64, BlockSize: 8, KVDType: kvcache.F32})
+			if err != nil {
+				t.Fatal(err)
+			}
+			cfg := ModelConfig(m, name)
+			cfg.KVDType, cfg.BlockSize, cfg.KVBlocks = kvcache.F32, 8, 64
+			cfg.Spec = SpecConfig{Proposer: d, Tokens: 3, Fixed: true}
+			e, err := New(m, m.Tokenizer(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			e.Start()
+			p := []int32{1, 45, 67, 89, 120, 33, 250, 17}
+			got := run(t, e, &Request{Prompt: p, MaxTokens: 12, IgnoreEOS: true})
+			e.Stop(context.Background())
+			if want := flatGreedy(t, m, p, 12); fmt.Sprint(want) != fmt.Sprint(got.tokens[0]) {
+				t.Fatalf("speculative %v, flat reference %v", got.tokens[0], want)
+			}
+			if st := e.Stats(); st.SpecAccepted == 0 {
+				t.Fatalf("no draft accepted (%d drafted)", st.SpecDraftTokens)
+			}
+			mustNoLeak(t, e)
+			mustNoLeakKV(t, d)
+		})
 	}
 }

@@ -70,10 +70,18 @@ func NewDraftFrom(fw Forwarder, c model.Config, o DraftOptions) (*Draft, error) 
 	if o.PMin < 0 || o.PMin > 1 || o.PMin != o.PMin {
 		return nil, fmt.Errorf("spec: draft: p-min %v must be in [0, 1]", o.PMin)
 	}
+	nkv, kd, vd := c.KVShape()
 	kc := kvcache.Config{
-		NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
+		NLayer: c.NLayer, NKVHead: nkv, HeadDim: kd,
 		BlockSize: o.BlockSize, NumBlocks: o.KVBlocks, Bytes: o.KVBytes, DType: o.KVDType,
 		Window: c.SlidingWindow,
+	}
+	if vd == 0 { // MLA: the latent K row serves as V too, as the engine stores it
+		layers := make([]int, c.NLayer)
+		for i := range layers {
+			layers[i] = i
+		}
+		kc.Groups = []kvcache.GroupSpec{{Layers: layers, NKVHead: nkv, KDim: kd}}
 	}
 	if kc.NumBlocks == 0 && kc.Bytes == 0 {
 		kc.Bytes = 64 << 20
