@@ -92,8 +92,17 @@ type Result struct {
 	PrefixCacheHitRate *float64 `json:"prefix_cache_hit_rate,omitempty"` // 0..1
 	// KVWaste is the share of allocated KV slots that held no token,
 	// averaged over the server's steps during the run (Pagoda servers).
-	KVWaste       *float64           `json:"kv_waste,omitempty"` // 0..1
-	ServerMetrics map[string]float64 `json:"server_metrics,omitempty"`
+	KVWaste *float64 `json:"kv_waste,omitempty"` // 0..1
+	// Speculative decoding over the run (servers exporting vLLM's
+	// spec_decode counters): accepted draft tokens per draft token, and
+	// vLLM's acceptance length, 1 + accepted tokens per verification (the
+	// tokens one target pass yields, the bonus or correction included).
+	SpecAcceptanceRate   *float64           `json:"spec_decode_acceptance_rate,omitempty"` // 0..1
+	SpecAcceptanceLength *float64           `json:"spec_decode_acceptance_length,omitempty"`
+	SpecDrafts           float64            `json:"spec_decode_num_drafts,omitempty"`
+	SpecDraftTokens      float64            `json:"spec_decode_num_draft_tokens,omitempty"`
+	SpecAccepted         float64            `json:"spec_decode_num_accepted_tokens,omitempty"`
+	ServerMetrics        map[string]float64 `json:"server_metrics,omitempty"`
 }
 
 // percentile is numpy's default (linear interpolation between closest
@@ -270,6 +279,15 @@ func (r *Result) Print(w io.Writer) {
 	section("Time per Output Token (excl. 1st token)", "TPOT", r.MeanTPOT, r.MedianTPOT, r.P99TPOT)
 	section("Inter-token Latency", "ITL", r.MeanITL, r.MedianITL, r.P99ITL)
 	section("End-to-end Latency", "E2EL", r.MeanE2EL, r.MedianE2EL, r.P99E2EL)
+	if r.SpecAcceptanceRate != nil {
+		fmt.Fprintln(w, center("Speculative Decoding", 50, '-'))
+		row("Acceptance rate (%):", *r.SpecAcceptanceRate*100)
+		row("Acceptance length:", *r.SpecAcceptanceLength)
+		row("Mean accepted drafts per verification:", *r.SpecAcceptanceLength-1)
+		row("Drafts:", int64(r.SpecDrafts))
+		row("Draft tokens:", int64(r.SpecDraftTokens))
+		row("Accepted tokens:", int64(r.SpecAccepted))
+	}
 	if r.PrefixCacheHitRate != nil || r.KVWaste != nil || len(r.ServerMetrics) > 0 {
 		fmt.Fprintln(w, center("Server Metrics", 50, '-'))
 		if r.PrefixCacheHitRate != nil {

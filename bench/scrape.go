@@ -93,6 +93,14 @@ func (r *Result) serverExtras(before, after map[string]float64) {
 		w := reserved / (filled + reserved)
 		r.KVWaste = &w
 	}
+	drafts, okD := delta("vllm:spec_decode_num_drafts")
+	draftToks, okT := delta("vllm:spec_decode_num_draft_tokens")
+	accepted, okA := delta("vllm:spec_decode_num_accepted_tokens")
+	if okD && okT && okA && drafts > 0 && draftToks > 0 {
+		rate, length := accepted/draftToks, 1+accepted/drafts
+		r.SpecAcceptanceRate, r.SpecAcceptanceLength = &rate, &length
+		r.SpecDrafts, r.SpecDraftTokens, r.SpecAccepted = drafts, draftToks, accepted
+	}
 	m := map[string]float64{}
 	for name, v := range after {
 		switch {

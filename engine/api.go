@@ -35,6 +35,11 @@ type Request struct {
 	// one tenant cannot learn another's prompts from time to first token.
 	// Empty shares with every other unsalted request.
 	CacheSalt string
+
+	// SpecTokens caps the draft tokens verified per step for this request
+	// when the engine speculates (Config.Spec): 0 leaves the engine's
+	// setting, a negative value turns speculation off for the request.
+	SpecTokens int
 }
 
 // FinishReason says why a completion ended.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -14,6 +15,8 @@ import (
 	"pagoda/kernels"
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/sample"
+	"pagoda/spec"
 	"pagoda/tokenizer"
 )
 
@@ -68,6 +71,9 @@ type Config struct {
 	LongPrefillThreshold int
 	Static               bool // static batching baseline: a batch starts and finishes together
 
+	// Spec configures speculative decoding (off without a proposer).
+	Spec SpecConfig
+
 	Registry *prometheus.Registry // where the vllm:* metrics go; nil = nowhere
 	// Ops computes attention in the KV cache (nil: kernels.Best()); the
 	// model's own set (model.Ops) keeps a reference model plain Go.
@@ -117,6 +123,11 @@ type Stats struct {
 	PromptTokens     uint64
 	GenerationTokens uint64
 	BatchedTokens    uint64 // tokens forwarded, recomputation included
+
+	// Speculative decoding: verifications that carried drafts, the draft
+	// tokens verified, and those accepted.
+	SpecDrafts, SpecDraftTokens, SpecAccepted uint64
+	SpecErrors                                uint64 // proposer failures (steps run without drafts)
 }
 
 // Engine runs requests with continuous batching. One goroutine (started by
@@ -150,6 +161,16 @@ type Engine struct {
 	blockWant []chan kvcache.BlockMap // Blocks callers, answered at publish
 	batch     model.Batch
 	scratch   []float32
+
+	specMax   int       // Config.Spec.Tokens, defaulted
+	cost      spec.Cost // measured step costs: when speculation pays
+	specReqs  []*spec.Req
+	specErrs  uint64
+	specSteps uint64  // steps with speculation candidates: the probes' clock
+	hist      []int32 // a sequence's tokens and its accepted drafts, while verifying
+	// accept is the acceptance test, spec.Accept; the tests swap in a
+	// wrong one to show that the exactness test can fail.
+	accept func(p, q []float32, x int32, u float64) bool
 }
 
 type request struct {
@@ -181,7 +202,9 @@ type request struct {
 // token can be sampled and streamed in the step that forks it.
 type completion struct {
 	sampler tokenSampler
-	text    *textOut // made at the first token
+	draft   *sample.Sampler // a sampling proposer's copy of the settings
+	vrng    *rand.Rand      // uniforms for verifying drafts
+	text    *textOut        // made at the first token
 	nOut    int
 	lastTok time.Time
 }
@@ -236,12 +259,20 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	m, err := newMetrics(cfg.Registry, cfg.ModelName)
+	if cfg.Spec.Tokens < 0 {
+		return nil, fmt.Errorf("engine: speculative tokens %d is negative", cfg.Spec.Tokens)
+	}
+	specMax := cmp.Or(cfg.Spec.Tokens, DefaultSpecTokens)
+	m, err := newMetrics(cfg.Registry, cfg.ModelName, cfg.Spec.Proposer != nil, specMax)
 	if err != nil {
 		return nil, err
 	}
+	var km kvManager = kv
+	if cfg.Spec.Proposer != nil {
+		km = specKV{kv, cfg.Spec.Proposer}
+	}
 	e := &Engine{
-		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, kv),
+		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
 		maxLen: cfg.ContextLen,
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}), forceCh: make(chan struct{}), done: make(chan struct{}),
@@ -436,7 +467,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		if err != nil {
 			return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 		}
-		q.comps = append(q.comps, completion{sampler: s})
+		q.comps = append(q.comps, completion{sampler: s, vrng: verifyRNG(r.Sampling, i)})
 	}
 	return q, nil
 }
@@ -586,6 +617,7 @@ func (e *Engine) publish() {
 	st.KV = e.kv.Usage()
 	st.KVUsage = st.KV.UsedFrac()
 	st.PrefixQueries, st.PrefixHits = e.kv.Pool().Queries, e.kv.Pool().Hits
+	st.SpecErrors = e.specErrs
 	e.stats.Store(&st)
 	for _, ch := range e.blockWant {
 		var m kvcache.BlockMap

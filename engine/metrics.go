@@ -21,6 +21,12 @@ type metrics struct {
 	slotsFilled, slotsReserved prometheus.Counter
 	wasteRatio                 prometheus.Gauge
 	blocks                     *prometheus.GaugeVec
+
+	// Speculative decoding (vLLM's spec_decode metrics), registered only
+	// when the engine speculates.
+	specDrafts, specDraftTokens, specAccepted prometheus.Counter
+	specAcceptedPerPos                        *prometheus.CounterVec
+	specPos                                   []prometheus.Counter // specAcceptedPerPos by position
 }
 
 // abortLabel is vLLM's finished_reason for a request that was cancelled
@@ -28,7 +34,7 @@ type metrics struct {
 // vllm:request_success_total as vLLM counts them, so dashboards see them.
 const abortLabel = "abort"
 
-func newMetrics(reg *prometheus.Registry, modelName string) (*metrics, error) {
+func newMetrics(reg *prometheus.Registry, modelName string, speculate bool, specTokens int) (*metrics, error) {
 	cl := prometheus.Labels{"model_name": modelName}
 	g := func(name, help string) prometheus.Gauge {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: cl})
@@ -64,12 +70,25 @@ func newMetrics(reg *prometheus.Registry, modelName string) (*metrics, error) {
 	m.slotsReserved = c("pagoda:kv_slots_reserved_total", "KV token slots allocated but empty (the unfilled tail of each sequence's last block), summed over engine steps.")
 	m.wasteRatio = g("pagoda:kv_waste_ratio", "Share of allocated KV slots holding no token, now.")
 	m.blocks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pagoda:kv_blocks", Help: "KV blocks by state: used (referenced), free, cached (free but holding a reusable prefix).", ConstLabels: cl}, []string{"state"})
+	m.specDrafts = c("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
+	m.specDraftTokens = c("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
+	m.specAccepted = c("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
+	m.specAcceptedPerPos = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "vllm:spec_decode_num_accepted_tokens_per_pos", Help: "Accepted tokens per draft position.", ConstLabels: cl,
+	}, []string{"position"})
+	for i := range specTokens {
+		m.specPos = append(m.specPos, m.specAcceptedPerPos.WithLabelValues(fmt.Sprint(i)))
+	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, col := range []prometheus.Collector{m.waiting, m.running, m.kvUsage, m.promptTokens, m.genTokens,
+	cols := []prometheus.Collector{m.waiting, m.running, m.kvUsage, m.promptTokens, m.genTokens,
 		m.prefixQueries, m.prefixHits, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e,
-		m.slotsFilled, m.slotsReserved, m.wasteRatio, m.blocks} {
+		m.slotsFilled, m.slotsReserved, m.wasteRatio, m.blocks}
+	if speculate {
+		cols = append(cols, m.specDrafts, m.specDraftTokens, m.specAccepted, m.specAcceptedPerPos)
+	}
+	for _, col := range cols {
 		if err := reg.Register(col); err != nil {
 			return nil, fmt.Errorf("engine: registering metrics: %w", err)
 		}

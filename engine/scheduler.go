@@ -1,6 +1,10 @@
 package engine
 
-import "fmt"
+import (
+	"fmt"
+
+	"pagoda/spec"
+)
 
 // kvManager is what the scheduler needs of the KV cache: block accounting
 // and the prefix cache, never the storage. *kvcache.Cache satisfies it.
@@ -29,6 +33,7 @@ type sequence struct {
 	// not be rewritten before Update, which clears it.
 	draft    []int32
 	finished bool
+	spec     *seqSpec // speculation state, once it has speculated
 }
 
 // scheduled is one sequence's share of a step: the tokens at positions
@@ -214,6 +219,53 @@ func (sc *scheduler) admitWaiting(p *plan, budget int) {
 		sc.running = append(sc.running, s)
 		p.add(s, n)
 		budget -= n
+	}
+}
+
+// draftCand is a decoding sequence that may carry drafts this step.
+type draftCand struct {
+	seq   *sequence
+	max   int     // most drafts it may carry
+	alpha float64 // its estimated per-token acceptance rate
+	gamma int     // drafts it carries: draftSizes decides
+}
+
+// draftSizes decides, before Schedule, how many drafts each candidate
+// carries. Drafts count in the token budget like any token: together
+// they never take the room the step's decodes need, so speculation can
+// delay a prefill chunk but never a decode. Unless fixed, the cost model
+// decides whether each extra draft pays: from the step's expected size
+// (every decode plus the prefill the budget leaves room for), the fitted
+// cost of a token and the sequence's acceptance rate; a large or
+// prefill-heavy step is compute-bound, and its drafts dwindle to none.
+func (sc *scheduler) draftSizes(cands []draftCand, cost *spec.Cost, fixed bool) {
+	budget := sc.cfg.MaxNumBatchedTokens
+	decodes, prefill := 0, 0
+	for _, s := range sc.running {
+		if rem := len(s.tokens) - s.numComputed; rem == 1 {
+			decodes++
+		} else {
+			prefill += sc.chunk(rem, budget)
+		}
+	}
+	if !sc.cfg.Static {
+		for i, s := range sc.waiting {
+			if len(sc.running)+i >= sc.cfg.MaxNumSeqs {
+				break
+			}
+			prefill += sc.chunk(len(s.tokens)-s.numComputed, budget)
+		}
+	}
+	tokens := min(budget, decodes+prefill)
+	left := budget - decodes
+	for i := range cands {
+		c := &cands[i]
+		g := c.max
+		if !fixed {
+			g = cost.Gamma(c.alpha, tokens, decodes, c.max)
+		}
+		c.gamma = max(0, min(g, left))
+		left -= c.gamma
 	}
 }
 

@@ -24,6 +24,7 @@ import (
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/server"
+	"pagoda/spec"
 	"pagoda/testutil"
 )
 
@@ -40,8 +41,9 @@ type soakConfig struct {
 	dtype     kvcache.DType
 	prefix    bool
 	blockSize int
-	kvBlocks  int // small on purpose: preemption pressure
-	batched   int // max_num_batched_tokens: small values chunk prefills
+	kvBlocks  int    // small on purpose: preemption pressure
+	batched   int    // max_num_batched_tokens: small values chunk prefills
+	spec      string // speculative decoding: "", "ngram", or "draft" (stories260K drafting for itself)
 }
 
 var soakConfigs = []soakConfig{
@@ -49,6 +51,8 @@ var soakConfigs = []soakConfig{
 	{name: "f32/noprefix/bs4", dtype: kvcache.F32, prefix: false, blockSize: 4, kvBlocks: 160, batched: 96},
 	{name: "f32/prefix/bs32", dtype: kvcache.F32, prefix: true, blockSize: 32, kvBlocks: 20, batched: 512},
 	{name: "f16/noprefix/bs16", dtype: kvcache.F16, prefix: false, blockSize: 16, kvBlocks: 40, batched: 64},
+	{name: "f16/prefix/bs16/spec-ngram", dtype: kvcache.F16, prefix: true, blockSize: 16, kvBlocks: 40, batched: 256, spec: "ngram"},
+	{name: "f32/noprefix/bs4/spec-draft", dtype: kvcache.F32, prefix: false, blockSize: 4, kvBlocks: 160, batched: 96, spec: "draft"},
 }
 
 const soakTemplate = "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}" +
@@ -346,11 +350,27 @@ func TestSoak(t *testing.T) {
 func soakOne(t *testing.T, m *model.Model, sc soakConfig, dur time.Duration, seed uint64) {
 	c := m.Config
 	tok := m.Tokenizer()
+	var sp engine.SpecConfig
+	var draft *spec.Draft
+	switch sc.spec {
+	case "ngram":
+		g, err := spec.NewNGram(1, 3)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sp = engine.SpecConfig{Proposer: g, Tokens: 4}
+	case "draft":
+		d, err := spec.NewDraft(m, tok.Vocab(), spec.DraftOptions{TargetVocab: c.VocabSize, KVBlocks: 200, BlockSize: 8})
+		if err != nil {
+			t.Fatal(err)
+		}
+		draft, sp = d, engine.SpecConfig{Proposer: d, Tokens: 3, Fixed: true}
+	}
 	eng, err := engine.New(m, tok, engine.Config{
 		ModelName: "stories260K", NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: sc.blockSize, KVBlocks: sc.kvBlocks, KVDType: sc.dtype, DisablePrefixCache: !sc.prefix,
-		MaxNumBatchedTokens: sc.batched, MaxNumSeqs: 32,
+		MaxNumBatchedTokens: sc.batched, MaxNumSeqs: 32, Spec: sp,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -498,6 +518,23 @@ func soakOne(t *testing.T, m *model.Model, sc soakConfig, dur time.Duration, see
 	if err := engine.SoakCheck(eng); err != nil {
 		leaks++
 		t.Errorf("after stop: %v", err)
+	}
+	if draft != nil {
+		if err := draft.KV().Check(); err != nil {
+			leaks++
+			t.Errorf("draft cache after stop: %v", err)
+		}
+		if u := draft.KV().Usage(); u.Used != 0 || u.Seqs != 0 {
+			leaks++
+			t.Errorf("draft cache after stop: %d blocks of %d sequences held", u.Used, u.Seqs)
+		}
+	}
+	if sp.Proposer != nil {
+		if st := eng.Stats(); st.SpecDrafts == 0 {
+			t.Errorf("%s: no drafts were verified", sc.name)
+		} else {
+			t.Logf("%s: %d of %d draft tokens accepted", sc.name, st.SpecAccepted, st.SpecDraftTokens)
+		}
 	}
 	t.Logf("%s: %v, %d requests (%d completed, %d greedy choices checked against solo runs, %d streamed, %d chat, %d with n>1), "+
 		"%d cancelled, %d disconnected, %d failed, %d preemptions, prefix hits %d/%d tokens, %d steps; "+

@@ -5,11 +5,18 @@ import (
 	"time"
 
 	"pagoda/sample"
+	"pagoda/spec"
 )
 
 // step drives one step: plan, batch, forward, sample, update (streaming as
 // it samples); false when there was nothing to run.
 func (e *Engine) step() bool {
+	if e.cfg.Spec.Proposer != nil {
+		e.propose()
+	}
+	// The cost model times the whole step but the proposer (timed on its
+	// own): scheduling, the forward pass, sampling and verification.
+	t0 := time.Now()
 	p := e.sch.Schedule()
 	e.account(p)
 	if len(p.seqs) == 0 {
@@ -31,6 +38,7 @@ func (e *Engine) step() bool {
 		return true
 	}
 	e.sch.Update(p, e.sampleStep(p, logits))
+	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
 	return true
 }
 
@@ -61,10 +69,7 @@ func (e *Engine) buildBatch(p *plan) {
 }
 
 // sampleStep turns each planned sequence's logits rows into its outcome,
-// streaming the tokens. There is no proposer yet, so no sequence carries
-// drafts; one that did would accept none and sample its first row (the one
-// after its last kept token): right, if wasteful, until a verifier using
-// sample's SampleProbs goes here.
+// streaming the tokens: a plain sample, or the verification of drafts.
 func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 	res := make([]outcome, len(p.seqs))
 	now := time.Now()
@@ -79,9 +84,14 @@ func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 		if w.rows == 0 {
 			continue
 		}
-		lg := logits[row*V : (row+1)*V]
+		rows := logits[row*V : (row+w.rows)*V]
 		row += w.rows
 		s := w.seq
+		if len(w.draft) > 0 {
+			res[i] = e.verify(w, rows, now)
+			continue
+		}
+		lg := rows[:V]
 		if !w.fork {
 			res[i].next, res[i].done = e.emit(s.req, s.index, lg, s.tokens, now)
 			continue
@@ -100,6 +110,81 @@ func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 		}
 	}
 	return res
+}
+
+// verify decides which of w's drafts to keep from its logits rows (row i
+// follows the sequence's tokens and drafts 0..i-1) and streams the kept
+// tokens and the one after them, one at a time, so a stop (EOS, stop
+// token or string, max_tokens, the context) inside the drafts cuts there.
+//
+// With q (the distribution each draft was drawn from) the rule is
+// Leviathan/Chen speculative sampling: keep draft x with probability
+// min(1, p(x)/q(x)); at the first rejection draw from normalise(max(0,
+// p-q)); when every draft is kept, draw a bonus token from the last row.
+// p is the target's distribution after the request's whole chain (bias,
+// penalties over the tokens and the drafts kept so far, temperature,
+// top-k, top-p, min-p), and the proposer drew q through the same chain.
+// When q is one-hot (n-gram, greedy drafting) the rule needs no q: draw y
+// from p as without speculation; x is kept if y = x (probability p(x)),
+// and otherwise y is a draw from p without x, which is the residual. So
+// each position costs one draw of the sampler's stream, and a seeded or
+// greedy request yields exactly the tokens it yields without speculation.
+func (e *Engine) verify(w *scheduled, rows []float32, now time.Time) outcome {
+	s := w.seq
+	r := s.req
+	c := &r.comps[s.index]
+	ps := c.sampler.(probSampler) // specTokens admitted only such samplers
+	V := e.cfg.VocabSize
+	q := s.spec.probs
+	if len(q) > 0 && len(q) < len(w.draft)*V {
+		panic(fmt.Sprintf("engine: %d q rows for %d drafts", len(q)/V, len(w.draft)))
+	}
+	hist := append(e.hist[:0], s.tokens...)
+	var o outcome
+	accepted := 0
+	for i := 0; ; i++ {
+		lg := rows[i*V : (i+1)*V]
+		raw := e.keepRaw(r, lg)
+		var tok int32
+		ok := false
+		switch {
+		case i == len(w.draft):
+			tok = ps.Sample(lg, hist)
+		case len(q) == 0:
+			tok = ps.Sample(lg, hist)
+			ok = tok == w.draft[i]
+		default:
+			_, p := ps.SampleProbs(lg, hist)
+			qi, x := q[i*V:(i+1)*V], w.draft[i]
+			if ok = e.accept(p, qi, x, c.vrng.Float64()); ok {
+				tok = x
+			} else {
+				tok = spec.Residual(p, qi, c.vrng.Float64())
+			}
+		}
+		done := e.emitToken(r, s.index, tok, raw, len(hist)+1, now)
+		hist = append(hist, tok)
+		if ok {
+			accepted++
+		}
+		if !ok || done {
+			o = outcome{accepted: i, next: tok, done: done}
+			break
+		}
+	}
+	e.hist = hist[:0]
+	verified := min(len(w.draft), o.accepted+1) // positions the rule decided
+	s.spec.acc.Observe(verified, accepted)
+	e.st.SpecDrafts++
+	e.st.SpecDraftTokens += uint64(len(w.draft))
+	e.st.SpecAccepted += uint64(accepted)
+	e.m.specDrafts.Inc()
+	e.m.specDraftTokens.Add(float64(len(w.draft)))
+	e.m.specAccepted.Add(float64(accepted))
+	for j := 0; j < accepted && j < len(e.m.specPos); j++ {
+		e.m.specPos[j].Inc()
+	}
+	return o
 }
 
 // scorePrompt streams the logprobs of the prompt tokens that w's prompt
@@ -132,26 +217,34 @@ func (e *Engine) scorePrompt(w *scheduled, rows []float32) {
 // emit samples completion index of r from lg after history, streams the
 // token, and reports it and whether the completion ends with it.
 func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now time.Time) (int32, bool) {
+	raw := e.keepRaw(r, lg)
 	c := &r.comps[index]
-	if c.text == nil {
-		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.r.ShowTokens...)
-	}
-	// Logprobs are of the raw model distribution (as vLLM reports them),
-	// taken before Sample edits the logits in place.
-	var lp float32
-	var top []TokenLogprob
-	want := r.r.Logprobs || r.r.TopLogprobs > 0
-	if want {
-		e.scratch = append(e.scratch[:0], lg...)
-		top = topLogprobs(e.scratch, r.r.TopLogprobs)
-	}
 	tok := c.sampler.Sample(lg, history)
 	if err := c.sampler.Err(); err != nil { // the constraint allows no token
 		e.finishCompletion(r, Event{Index: index, Finish: FinishError, Err: fmt.Errorf("engine: request %q: %w", r.r.ID, err)})
 		return tok, true
 	}
-	if want {
-		lp = sample.Logprob(e.scratch, tok)
+	return tok, e.emitToken(r, index, tok, raw, len(history)+1, now)
+}
+
+// keepRaw copies the logits row lg when r wants logprobs: they are of the
+// raw model distribution (as vLLM reports them), and sampling edits the
+// row in place. nil when r wants none.
+func (e *Engine) keepRaw(r *request, lg []float32) []float32 {
+	if !r.r.Logprobs && r.r.TopLogprobs == 0 {
+		return nil
+	}
+	e.scratch = append(e.scratch[:0], lg...)
+	return e.scratch
+}
+
+// emitToken streams token tok of completion index of r (raw is its row
+// from keepRaw, for logprobs; length the sequence's length with tok) and
+// reports whether the completion ends with it.
+func (e *Engine) emitToken(r *request, index int, tok int32, raw []float32, length int, now time.Time) bool {
+	c := &r.comps[index]
+	if c.text == nil {
+		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.r.ShowTokens...)
 	}
 	c.nOut++
 	r.completion++
@@ -168,19 +261,19 @@ func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now 
 	c.lastTok = now
 
 	ev := Event{Index: index, Tokens: []int32{tok}}
-	if want {
-		ev.Logprob = []float32{lp}
+	if raw != nil {
 		if r.r.TopLogprobs > 0 {
-			ev.Top = [][]TokenLogprob{top}
+			ev.Top = [][]TokenLogprob{topLogprobs(raw, r.r.TopLogprobs)}
 		}
+		ev.Logprob = []float32{sample.Logprob(raw, tok)}
 	}
-	ev.Finish = e.finishReason(r, c, tok, len(history)+1, &ev)
+	ev.Finish = e.finishReason(r, c, tok, length, &ev)
 	if ev.Finish == FinishNone {
 		r.out.push(ev, false)
-		return tok, false
+		return false
 	}
 	e.finishCompletion(r, ev)
-	return tok, true
+	return true
 }
 
 // finishReason feeds tok to the detokenizer (adding the text to ev) and

@@ -32,6 +32,10 @@ type commonParams struct {
 	Stream              bool               `json:"stream"`
 	StreamOptions       *streamOptions     `json:"stream_options"`
 	User                string             `json:"user"` // accepted and ignored
+	// SpecTokens (Pagoda's extension) caps the draft tokens verified per
+	// step when the server speculates: 0 turns speculation off for the
+	// request; absent leaves the server's --spec-tokens.
+	SpecTokens *int `json:"spec_tokens"`
 }
 
 type streamOptions struct {
@@ -124,6 +128,15 @@ func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
 		}
 	}
 	r.Sampling = sp
+	if p.SpecTokens != nil {
+		if *p.SpecTokens < 0 {
+			return nil, badRequest("spec_tokens", "spec_tokens must be >= 0 (0 turns speculation off), got %d", *p.SpecTokens)
+		}
+		r.SpecTokens = *p.SpecTokens
+		if r.SpecTokens == 0 {
+			r.SpecTokens = -1
+		}
+	}
 
 	if p.N != nil {
 		if *p.N < 1 || *p.N > l.maxN {

@@ -87,7 +87,9 @@ func runRun(args []string) error {
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
 	sf.register(fs)
-	if err := parseFlags(fs, args, append(runLimits, samplingLimits...)); err != nil {
+	var spf specFlags
+	spf.register(fs)
+	if err := parseFlags(fs, args, append(append(runLimits, samplingLimits...), specLimits...)); err != nil {
 		return err
 	}
 	if fs.NArg() > 0 {
@@ -109,6 +111,29 @@ func runRun(args []string) error {
 	newCache, err := kvf.newCache(m)
 	if err != nil {
 		return err
+	}
+	gen := directGen(m, tok)
+	sc, closeDraft, err := spf.build(m, *threads)
+	if err != nil {
+		return err
+	}
+	defer closeDraft()
+	if sc.Proposer != nil {
+		switch {
+		case *kvPolicy != "":
+			return fmt.Errorf("--kv-policy and speculative decoding (--spec/--draft) do not combine: speculation is off under KV policies")
+		case newCache != nil:
+			return fmt.Errorf("--kv-dtype with speculative decoding (--spec/--draft) runs in serve only; run speculates over the engine's default cache")
+		}
+		eng, err := specEngine(m, tok, sc)
+		if err != nil {
+			return err
+		}
+		defer func() {
+			eng.Stop(context.Background())
+			fmt.Fprintln(os.Stderr, specSummary(sc.Method, eng.Stats()))
+		}()
+		gen = engineGen(eng)
 	}
 	opts := generate.Options{MaxTokens: *maxTokens, Sampling: sf.params(), StopStrings: stops,
 		IgnoreEOS: *ignoreEOS, TopLogprobs: *topLP, NewCache: newCache}
@@ -132,7 +157,7 @@ func runRun(args []string) error {
 		if len(ids) == 0 {
 			return fmt.Errorf("the prompt is empty and the vocabulary adds no BOS token; give -p")
 		}
-		_, err := runOnce(ctx, m, tok, ids, opts, out, *jsonOut, *prompt)
+		_, err := runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, *prompt)
 		return err
 	}
 	var msgs []jinja.Message
@@ -145,7 +170,7 @@ func runRun(args []string) error {
 		if err != nil {
 			return err
 		}
-		_, err = runOnce(ctx, m, tok, ids, opts, out, *jsonOut, "")
+		_, err = runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, "")
 		return err
 	}
 	in := bufio.NewScanner(os.Stdin)
@@ -166,7 +191,7 @@ func runRun(args []string) error {
 		if err != nil {
 			return err
 		}
-		res, err := runOnce(ctx, m, tok, ids, opts, out, *jsonOut, "")
+		res, err := runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, "")
 		if err != nil {
 			return err
 		}
@@ -221,7 +246,7 @@ type jsonTopAlt struct {
 	Logprob float32 `json:"logprob"`
 }
 
-func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, ids []int32, o generate.Options, out *bufio.Writer, jsonOut bool, echo string) (*generate.Result, error) {
+func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, gen genFunc, ids []int32, o generate.Options, out *bufio.Writer, jsonOut bool, echo string) (*generate.Result, error) {
 	// Checked here as well as in Generate so that a prompt that cannot fit
 	// is refused before it is echoed.
 	if c := m.Config.ContextLen; len(ids) >= c {
@@ -232,7 +257,7 @@ func runOnce(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, ids [
 		fmt.Fprint(out, echo)
 		out.Flush()
 	}
-	res, err := generate.Generate(ctx, m, tok, ids, o, func(t generate.Token) error {
+	res, err := gen(ctx, ids, o, func(t generate.Token) error {
 		if jsonOut {
 			if t.ID < 0 {
 				return nil

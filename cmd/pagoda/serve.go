@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -146,7 +147,9 @@ func runServe(args []string) error {
 	maxConns := fs.Int("max-connections", 2048, "open client connections at most; more wait to be accepted")
 	origins := fs.String("allowed-origins", "", "comma-separated origins that get CORS headers (\"*\" = any); default none")
 	hosts := fs.String("allowed-hosts", "", "comma-separated Host names accepted besides localhost when listening on loopback (\"*\" = any)")
-	if err := parseFlags(fs, args, serveLimits); err != nil {
+	var spf specFlags
+	spf.register(fs)
+	if err := parseFlags(fs, args, append(serveLimits, specLimits...)); err != nil {
 		return err
 	}
 	builtin := *modelPath == ""
@@ -212,6 +215,11 @@ func runServe(args []string) error {
 			*name = embedded.Name
 		}
 	}
+	sc, closeDraft, err := spf.build(m, *threads)
+	if err != nil {
+		return err
+	}
+	defer closeDraft()
 	c := m.Config
 	pol, apiCtx, err := kvPolicyFlag(*kvPolicy, c.ContextLen)
 	if err != nil {
@@ -243,7 +251,7 @@ func runServe(args []string) error {
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, KVPolicy: pol, KVRope: engine.ModelConfig(m, "").KVRope,
+		Registry: reg, KVPolicy: pol, KVRope: engine.ModelConfig(m, "").KVRope, Spec: sc,
 	})
 	if err != nil {
 		return err
@@ -268,6 +276,9 @@ func runServe(args []string) error {
 	st := eng.Stats()
 	log.Printf("pagoda: serving %s on http://%s (threads %d, KV K %v V %v blocks %d×%d tokens, budget %.1f MB)",
 		*name, ln.Addr(), m.Pool().Threads(), kfK, kfV, st.KV.Blocks, *blockSize, float64(budget)/1e6)
+	if sc.Proposer != nil {
+		log.Printf("pagoda: speculative decoding: %s, up to %d draft tokens", sc.Method, cmp.Or(sc.Tokens, engine.DefaultSpecTokens))
+	}
 	err = srv.Serve(ctx, ln, *grace)
 	sctx, cancel := context.WithTimeout(hard, *grace)
 	defer cancel()

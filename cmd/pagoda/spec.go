@@ -1,0 +1,169 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"strings"
+
+	"pagoda/engine"
+	"pagoda/generate"
+	"pagoda/model"
+	"pagoda/sample"
+	"pagoda/spec"
+	"pagoda/tokenizer"
+)
+
+// specFlags are the speculative decoding flags of run and serve.
+type specFlags struct {
+	draft              string
+	method             string
+	tokens             int
+	pmin               float64
+	ngramMin, ngramMax int
+	fixed              bool
+}
+
+func (f *specFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&f.draft, "draft", "", "draft model for speculative decoding (any model file the loaders read, sharing the target's vocabulary)")
+	fs.StringVar(&f.method, "spec-method", "", "speculative decoding: ngram (prompt lookup) or draft (default: draft with --draft, else off)")
+	fs.StringVar(&f.method, "spec", "", "same as --spec-method")
+	fs.IntVar(&f.tokens, "spec-tokens", engine.DefaultSpecTokens, "most draft tokens verified per sequence and step")
+	fs.Float64Var(&f.pmin, "spec-p-min", 0, "draft model: stop drafting at a token the draft gives less probability than this")
+	fs.IntVar(&f.ngramMin, "spec-ngram-min", 2, "ngram: shortest suffix matched")
+	fs.IntVar(&f.ngramMax, "spec-ngram-max", 4, "ngram: longest suffix matched")
+	fs.BoolVar(&f.fixed, "spec-fixed", false, "always draft --spec-tokens (no adaptive length, no cost model deciding when it pays)")
+}
+
+var specLimits = []limit{{"spec-tokens", 1, 64}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}
+
+// build makes the engine's speculation settings for target; close
+// releases the draft model. Off (a zero SpecConfig) without --draft or
+// --spec-method.
+func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConfig, close func(), err error) {
+	close = func() {}
+	method := f.method
+	if method == "" && f.draft != "" {
+		method = "draft"
+	}
+	switch method {
+	case "":
+		return cfg, close, nil
+	case "ngram":
+		if f.draft != "" {
+			return cfg, close, fmt.Errorf("--draft is for --spec-method draft, not ngram")
+		}
+		g, err := spec.NewNGram(f.ngramMin, f.ngramMax)
+		if err != nil {
+			return cfg, close, err
+		}
+		cfg.Proposer = g
+	case "draft":
+		if f.draft == "" {
+			return cfg, close, fmt.Errorf("--spec-method draft needs --draft FILE")
+		}
+		dm, err := openModel(f.draft, model.Options{Threads: threads, Pool: target.Pool()})
+		if err != nil {
+			return cfg, close, fmt.Errorf("--draft: %w", err)
+		}
+		if dm.Tokenizer() == nil {
+			dm.Close()
+			return cfg, close, fmt.Errorf("--draft %s has no tokenizer to check against the target's", f.draft)
+		}
+		d, err := spec.NewDraft(dm, target.Tokenizer().Vocab(), spec.DraftOptions{TargetVocab: target.Config.VocabSize, PMin: float32(f.pmin)})
+		if err != nil {
+			dm.Close()
+			return cfg, close, fmt.Errorf("--draft %s: %w", f.draft, err)
+		}
+		cfg.Proposer, close = d, func() { dm.Close() }
+	default:
+		return cfg, close, fmt.Errorf("--spec-method %q: want ngram or draft", method)
+	}
+	cfg.Method, cfg.Tokens, cfg.Fixed = method, f.tokens, f.fixed
+	return cfg, close, nil
+}
+
+// genFunc generates from a tokenized prompt, calling emit per token.
+type genFunc func(ctx context.Context, ids []int32, o generate.Options, emit func(generate.Token) error) (*generate.Result, error)
+
+// directGen is generate.Generate on m: one sequence, no engine.
+func directGen(m *model.Model, tok tokenizer.Tokenizer) genFunc {
+	return func(ctx context.Context, ids []int32, o generate.Options, emit func(generate.Token) error) (*generate.Result, error) {
+		return generate.Generate(ctx, m, tok, ids, o, emit)
+	}
+}
+
+// engineGen runs each generation as one request of eng (speculative
+// decoding lives in the engine).
+func engineGen(eng *engine.Engine) genFunc {
+	return func(ctx context.Context, ids []int32, o generate.Options, emit func(generate.Token) error) (*generate.Result, error) {
+		ctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		ch, err := eng.Submit(ctx, &engine.Request{Prompt: ids, MaxTokens: o.MaxTokens, Sampling: o.Sampling,
+			StopStrings: o.StopStrings, StopTokens: o.StopTokens, IgnoreEOS: o.IgnoreEOS,
+			Logprobs: o.TopLogprobs > 0, TopLogprobs: o.TopLogprobs})
+		if err != nil {
+			return nil, err
+		}
+		res := &generate.Result{PromptTokens: len(ids)}
+		var text strings.Builder
+		for ev := range ch {
+			if ev.Err != nil {
+				return res, ev.Err
+			}
+			for i, id := range ev.Tokens {
+				t := generate.Token{ID: id}
+				if i == 0 {
+					t.Text = ev.Text
+				}
+				if i < len(ev.Logprob) {
+					t.Logprob = ev.Logprob[i]
+				}
+				if i < len(ev.Top) {
+					for _, a := range ev.Top[i] {
+						t.Top = append(t.Top, sample.TokenLogprob{ID: a.ID, Logprob: a.Logprob})
+					}
+				}
+				res.Tokens = append(res.Tokens, id)
+				if err := emit(t); err != nil {
+					return res, err
+				}
+			}
+			text.WriteString(ev.Text)
+			if ev.Finish == engine.FinishCancelled {
+				return res, context.Canceled
+			}
+			if ev.Finish != engine.FinishNone {
+				res.FinishReason = string(ev.Finish)
+			}
+		}
+		res.Text = text.String()
+		if res.FinishReason == "" {
+			return res, ctx.Err()
+		}
+		return res, nil
+	}
+}
+
+// specEngine starts a one-sequence engine on m that speculates with sc.
+func specEngine(m *model.Model, tok tokenizer.Tokenizer, sc engine.SpecConfig) (*engine.Engine, error) {
+	cfg := engine.ModelConfig(m, "run")
+	cfg.MaxNumSeqs = 1
+	cfg.Spec = sc
+	eng, err := engine.New(m, tok, cfg)
+	if err != nil {
+		return nil, err
+	}
+	eng.Start()
+	return eng, nil
+}
+
+// specSummary is the acceptance line printed after a speculative run.
+func specSummary(method string, st engine.Stats) string {
+	if st.SpecDraftTokens == 0 {
+		return fmt.Sprintf("spec (%s): no drafts verified", method)
+	}
+	return fmt.Sprintf("spec (%s): %d verifications, %d of %d draft tokens accepted (%.1f%%), mean accepted length %.2f, %d steps for %d tokens",
+		method, st.SpecDrafts, st.SpecAccepted, st.SpecDraftTokens, 100*float64(st.SpecAccepted)/float64(st.SpecDraftTokens),
+		float64(st.SpecAccepted)/float64(st.SpecDrafts), st.Steps, st.GenerationTokens)
+}

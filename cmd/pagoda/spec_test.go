@@ -1,0 +1,52 @@
+package main
+
+import (
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"pagoda/testutil"
+)
+
+// TestRunSpeculative: run --spec ngram and --draft give the greedy story
+// of plain run and report the acceptance; a draft with another vocabulary
+// and a draft method without a draft are refused with clear errors.
+func TestRunSpeculative(t *testing.T) {
+	src := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	dir := t.TempDir()
+	q4 := filepath.Join(dir, "q4.gguf")
+	if code, _, errOut := pagoda(t, "quantize", src, q4, "-type", "Q4_0", "-pure"); code != 0 {
+		t.Fatalf("quantize: %s", errOut)
+	}
+	base := []string{"run", "-m", src, "-p", "Once upon a time", "-n", "40", "--temp", "0"}
+	code, want, errOut := pagoda(t, base...)
+	if code != 0 {
+		t.Fatalf("plain run: %s", errOut)
+	}
+	for _, extra := range [][]string{{"--spec", "ngram", "--spec-ngram-min", "1"}, {"--draft", q4}, {"--draft", q4, "--spec-tokens", "6", "--spec-fixed"}} {
+		code, out, errOut := pagoda(t, append(base, extra...)...)
+		if code != 0 || out != want {
+			t.Fatalf("%v: exit %d\n%q\nwant %q\n%s", extra, code, out, want, errOut)
+		}
+		if !strings.Contains(errOut, "spec (") || !strings.Contains(errOut, "accepted") && !strings.Contains(errOut, "no drafts") {
+			t.Errorf("%v: no acceptance summary: %q", extra, errOut)
+		}
+	}
+	tiny := filepath.Join(dir, "tiny.gguf")
+	if code, _, errOut := pagoda(t, "synth", "-preset", "tiny", "-o", tiny); code != 0 {
+		t.Fatalf("synth: %s", errOut)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--draft", tiny}, "spec: draft"},
+		{[]string{"--spec-method", "draft"}, "needs --draft"},
+		{[]string{"--spec", "medusa"}, "want ngram or draft"},
+	} {
+		code, _, errOut := pagoda(t, append(base, c.args...)...)
+		if code == 0 || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, stderr %q, want %q", c.args, code, errOut, c.want)
+		}
+	}
+}
