@@ -50,6 +50,11 @@ type Shape struct {
 	// Multi-head latent attention (deepseek2): QLoRA 0 means a plain
 	// attn_q; HeadDim is ignored (QKNope+QKRope per query head).
 	QLoRA, KVLoRA, QKNope, QKRope, VHead int
+	// MLACombined writes MLA as conversions before llama.cpp split
+	// attn_kv_b did: one attn_kv_b per layer, key_length qk_nope+qk_rope
+	// and value_length v_head, no *_mla keys (what older llama.cpp builds
+	// read, for side-by-side runs).
+	MLACombined bool
 }
 
 var presets = map[string]Shape{
@@ -128,7 +133,7 @@ func (s Shape) Params() int64 {
 func (s Shape) dims() arch.Dims {
 	return arch.Dims{Embd: s.Dim, Heads: s.Heads, KVHeads: s.KVHeads, HeadDim: s.HeadDim, FFN: s.FFN, Vocab: s.Vocab, Tied: s.Tied,
 		Experts: s.Experts, ExpertFFN: s.ExpertFFN, SharedFFN: s.SharedFFN, DenseLead: s.DenseLead,
-		QLoRA: s.QLoRA, KVLoRA: s.KVLoRA, QKNope: s.QKNope, QKRope: s.QKRope, VHead: s.VHead}
+		QLoRA: s.QLoRA, KVLoRA: s.KVLoRA, QKNope: s.QKNope, QKRope: s.QKRope, VHead: s.VHead, KVBCombined: s.MLACombined && s.mla()}
 }
 
 // mla says whether the shape's attention is multi-head latent attention.
@@ -330,8 +335,21 @@ func newWriter(o Options) (*gguf.Writer, error) {
 	set(a+".feed_forward_length", uint32(s.FFN))
 	set(a+".attention.head_count", uint32(s.Heads))
 	set(a+".attention.head_count_kv", uint32(s.KVHeads))
-	set(a+".attention.key_length", uint32(s.HeadDim))
-	if s.mla() {
+	switch {
+	case s.mla() && s.MLACombined:
+		// The older conversion: per-head key and value widths, every
+		// head its own KV head.
+		set(a+".attention.head_count_kv", uint32(s.Heads))
+		set(a+".attention.key_length", uint32(s.QKNope+s.QKRope))
+		set(a+".attention.value_length", uint32(s.VHead))
+		set(a+".attention.q_lora_rank", uint32(s.QLoRA))
+		set(a+".attention.kv_lora_rank", uint32(s.KVLoRA))
+		set(a+".rope.dimension_count", uint32(s.QKRope))
+		// Those builds read it unconditionally; without rope scaling it
+		// scales nothing (log of a frequency scale of 1).
+		set(a+".rope.scaling.yarn_log_multiplier", float32(0))
+	case s.mla():
+		set(a+".attention.key_length", uint32(s.HeadDim))
 		// As llama.cpp's converter writes MLA: key_length is the cache row
 		// (kv_lora + rope), value_length the latent, the heads in *_mla.
 		set(a+".attention.value_length", uint32(s.KVLoRA))
@@ -340,7 +358,8 @@ func newWriter(o Options) (*gguf.Writer, error) {
 		set(a+".attention.key_length_mla", uint32(s.QKNope+s.QKRope))
 		set(a+".attention.value_length_mla", uint32(s.VHead))
 		set(a+".rope.dimension_count", uint32(s.QKRope))
-	} else {
+	default:
+		set(a+".attention.key_length", uint32(s.HeadDim))
 		set(a+".attention.value_length", uint32(s.HeadDim))
 		set(a+".rope.dimension_count", uint32(s.HeadDim))
 	}

@@ -472,6 +472,9 @@ func TestMoEShapesLoad(t *testing.T) {
 			s.ExpertWeightsNorm, s.ExpertWeightsScale = true, 2
 		}},
 		{"deepseek2", func(s *Shape) { s.DenseLead, s.KVLoRA, s.QKNope, s.QKRope, s.VHead = 1, 32, 16, 8, 16 }},
+		{"deepseek2", func(s *Shape) {
+			s.DenseLead, s.KVLoRA, s.QKNope, s.QKRope, s.VHead, s.MLACombined = 1, 32, 16, 8, 16, true
+		}},
 	} {
 		s := moe
 		s.Arch = tc.arch
@@ -493,6 +496,9 @@ func TestMoEShapesLoad(t *testing.T) {
 		if tc.arch == "deepseek2" && (!c.MLA || c.KVLoRA != 32 || c.QKNope != 16 || c.QKRope != 8 || c.VHeadDim != 16 ||
 			c.QLoRA != s.QLoRA || c.HeadDim != 40 || c.ExpertNorm != s.ExpertWeightsNorm || c.ExpertScale != float32(s.ExpertWeightsScale)) {
 			t.Errorf("deepseek2: config %+v", c)
+		}
+		if c.KVBCombined != s.MLACombined {
+			t.Errorf("%s: attn_kv_b combined %v, written %v", tc.arch, c.KVBCombined, s.MLACombined)
 		}
 		if got := c.Params(); got != s.Params() {
 			t.Errorf("%s: %d params loaded, %d declared", tc.arch, got, s.Params())

@@ -33,6 +33,7 @@ func runSynth(args []string) error {
 	ffn := fs.Int("ffn", 0, "override: feed-forward size (0 = the preset's)")
 	nVocab := fs.Int("vocab", 0, "override: vocabulary size (0 = the preset's)")
 	ctx := fs.Int("ctx", 0, "override: context length (0 = the preset's)")
+	mlaKVB := fs.Bool("mla-kvb", false, "MLA presets: write the older combined attn_kv_b layout that llama.cpp builds before mid-2025 read")
 	if err := parseFlags(fs, args, []limit{
 		{"layers", 0, 1 << 12}, {"dim", 0, 1 << 18}, {"heads", 0, 1 << 12}, {"kv-heads", 0, 1 << 12},
 		{"head-dim", 0, 1 << 12}, {"ffn", 0, 1 << 20}, {"vocab", 0, 1 << 24}, {"ctx", 0, maxCtx}, {"std", 0, inf},
@@ -58,6 +59,7 @@ func runSynth(args []string) error {
 	if *archName != "" {
 		shape.Arch = *archName
 	}
+	shape.MLACombined = *mlaKVB
 	o := synth.Options{Shape: shape, Seed: *seed, Std: float32(*std), VocabFrom: *vocab}
 	if o.Type, err = quant.ParseType(*typ); err != nil {
 		return err
