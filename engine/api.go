@@ -29,6 +29,11 @@ type Request struct {
 	// cache hits: cached positions are never computed, so their logits
 	// rows would not exist.
 	PromptLogprobs bool
+	// ScoreOnly computes the prompt and ends every completion without
+	// generating (finish "length", no tokens): with PromptLogprobs, the
+	// prompt's scores alone, as OpenAI's echo with max_tokens 0 gives them
+	// (what evaluation harnesses ask for). MaxTokens is ignored.
+	ScoreOnly bool
 
 	// CacheSalt (vLLM's cache_salt) isolates prefix caching: requests
 	// share cached prompt blocks only with requests of the same salt, so

@@ -217,6 +217,16 @@ func (e *Engine) scorePrompt(w *scheduled, rows []float32) {
 // emit samples completion index of r from lg after history, streams the
 // token, and reports it and whether the completion ends with it.
 func (e *Engine) emit(r *request, index int, lg []float32, history []int32, now time.Time) (int32, bool) {
+	if r.r.ScoreOnly {
+		// The prompt is computed (and scored); nothing is generated.
+		if r.firstTok.IsZero() {
+			r.firstTok = now
+			e.st.PromptTokens += uint64(len(r.r.Prompt))
+			e.m.promptTokens.Add(float64(len(r.r.Prompt)))
+		}
+		e.finishCompletion(r, Event{Index: index, Finish: FinishLength})
+		return 0, true
+	}
 	raw := e.keepRaw(r, lg)
 	c := &r.comps[index]
 	tok := c.sampler.Sample(lg, history)

@@ -7,8 +7,10 @@
 // /version and /metrics; GET / is a web page (chat and a live engine view
 // fed by GET /api/engine, which needs the API key like /v1/*).
 //
-// Deliberately unsupported (400, naming the field): suffix, echo together
-// with logprobs (prompt logprobs), best_of other than n, continue_final_message,
+// echo returns the prompt before the completion, with its logprobs when
+// logprobs is set; with max_tokens 0 it returns the prompt alone (scoring).
+//
+// Deliberately unsupported (400, naming the field): suffix, best_of other than n, continue_final_message,
 // non-text content parts, and JSON schema keywords package grammar cannot
 // enforce. response_format json_object and json_schema, and tool_choice
 // "required" or a named function (Hermes and Llama 3 tool syntax), constrain

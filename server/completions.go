@@ -154,6 +154,10 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, badRequest("prompt", "%d prompts × n = %d asks for more than %d completions in one request", len(prompts), base.N, maxChoices))
 		return
 	}
+	// echo with max_tokens 0 returns the prompt (and its logprobs) alone,
+	// as OpenAI's legacy completions and vLLM do: evaluation harnesses
+	// score text this way.
+	scoreOnly := req.Echo && req.MaxCompletionTokens == nil && req.MaxTokens != nil && *req.MaxTokens == 0
 	addSpecial := true
 	if req.AddSpecialTokens != nil {
 		addSpecial = *req.AddSpecialTokens
@@ -184,7 +188,16 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 			er.ID = id + "-" + strconv.Itoa(i)
 		}
 		er.Prompt = p.ids
-		if ae := s.setMaxTokens(&er, &req.commonParams, 16, "max_tokens"); ae != nil {
+		limits := &req.commonParams
+		if scoreOnly {
+			// Checked as one token, so a prompt that fills the context is
+			// still refused; nothing is generated.
+			one := 1
+			cp := req.commonParams
+			cp.MaxTokens = &one
+			limits, er.ScoreOnly = &cp, true
+		}
+		if ae := s.setMaxTokens(&er, limits, 16, "max_tokens"); ae != nil {
 			ae.Param = strings.Replace(ae.Param, "messages", "prompt", 1)
 			writeAPIError(w, ae)
 			return

@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"pagoda/engine"
 	"pagoda/generate"
@@ -117,5 +118,70 @@ func TestEchoLogprobs(t *testing.T) {
 	}
 	if stText.String() != echo.Text || !reflect.DeepEqual(st, lp) {
 		t.Errorf("stream %q %+v\nwant %q %+v", stText.String(), st, echo.Text, lp)
+	}
+}
+
+// TestEchoScoreOnly: echo with max_tokens 0 returns the prompt and its
+// logprobs alone (as evaluation harnesses ask), equal to teacher-forced
+// scoring, with no completion tokens, one-shot and streamed, for n > 1;
+// max_tokens 0 without echo stays an error.
+func TestEchoScoreOnly(t *testing.T) {
+	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	m, eng := storiesEngine(t, path, func(c *engine.Config) { c.KVDType = kvcache.F32 })
+	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", m.Config.ContextLen, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(be, Options{}).Handler())
+	defer ts.Close()
+
+	const text = "The cat sat on the mat"
+	ids := m.Tokenizer().Encode(text, tokenizer.Options{AddSpecial: true})
+	ref, err := generate.ScoreTokens(m, ids, false, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	code, b := post(t, ts, "/v1/completions", `{"prompt":"`+text+`","max_tokens":0,"echo":true,"logprobs":1,"n":2}`)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	got := decode[struct {
+		Choices []struct {
+			Text         string
+			Logprobs     echoLogprobs
+			FinishReason string `json:"finish_reason"`
+		}
+		Usage struct {
+			PromptTokens     int `json:"prompt_tokens"`
+			CompletionTokens int `json:"completion_tokens"`
+		}
+	}](t, b)
+	if len(got.Choices) != 2 || got.Usage.CompletionTokens != 0 || got.Usage.PromptTokens != len(ids) {
+		t.Fatalf("response %s", b)
+	}
+	for _, ch := range got.Choices {
+		if ch.Text != text || ch.FinishReason != "length" || len(ch.Logprobs.TokenLogprobs) != len(ids) {
+			t.Fatalf("choice %+v", ch)
+		}
+		for i := 1; i < len(ids); i++ {
+			if d := math.Abs(*ch.Logprobs.TokenLogprobs[i] - float64(ref.Logprobs[i-1])); d > 1e-4 {
+				t.Errorf("token %d: logprob %v, scoring %v", i, *ch.Logprobs.TokenLogprobs[i], ref.Logprobs[i-1])
+			}
+		}
+	}
+	code, b = post(t, ts, "/v1/completions", `{"prompt":"`+text+`","max_tokens":0,"echo":true,"stream":true}`)
+	if code != 200 || !strings.Contains(string(b), `"text":"`+text+`"`) || !strings.Contains(string(b), `"finish_reason":"length"`) {
+		t.Fatalf("stream %d %s", code, b)
+	}
+	if code, b = post(t, ts, "/v1/completions", `{"prompt":"x","max_tokens":0}`); code != 400 {
+		t.Fatalf("max_tokens 0 without echo: %d %s", code, b)
+	}
+	// Stats are published after the step that ended the requests.
+	deadline := time.Now().Add(5 * time.Second)
+	for st := eng.Stats(); st.KV.Used != 0 || st.KV.Seqs != 0; st = eng.Stats() {
+		if time.Now().After(deadline) {
+			t.Fatalf("blocks held after score-only requests: %+v", st.KV)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
