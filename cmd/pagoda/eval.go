@@ -19,7 +19,6 @@ import (
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/progress"
-	"pagoda/tokenizer"
 )
 
 func init() {
@@ -90,28 +89,9 @@ func runEval(args []string) error {
 			return fmt.Errorf("--kv %s: %w", cf.Name, sz.Err)
 		}
 	}
-	var ids []int32
-	switch {
-	case *tokens != "":
-		if ids, err = parseIDs(*tokens); err != nil {
-			return err
-		}
-	case *text != "" || *file != "":
-		s := *text
-		if *file != "" {
-			b, err := os.ReadFile(*file)
-			if err != nil {
-				return err
-			}
-			s = string(b)
-		}
-		tok := m.Tokenizer()
-		if tok == nil {
-			return fmt.Errorf("the model has no tokenizer; pass --tokenizer or --tokens")
-		}
-		ids = tok.Encode(s, tokenizer.Options{AddSpecial: true})
-	default:
-		return fmt.Errorf("give --text, -f or --tokens")
+	ids, err := inputTokens(m.Tokenizer(), *tokens, *text, *file)
+	if err != nil {
+		return err
 	}
 	if *maxTok > 0 && len(ids) > *maxTok {
 		ids = ids[:*maxTok]

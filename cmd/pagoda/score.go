@@ -56,27 +56,9 @@ func runScore(args []string) error {
 	}
 	defer m.Close()
 	tok := m.Tokenizer()
-	var ids []int32
-	switch {
-	case *tokens != "":
-		if ids, err = parseIDs(*tokens); err != nil {
-			return err
-		}
-	case *text != "" || *file != "":
-		s := *text
-		if *file != "" {
-			b, err := os.ReadFile(*file)
-			if err != nil {
-				return err
-			}
-			s = string(b)
-		}
-		if tok == nil {
-			return fmt.Errorf("the model has no tokenizer; pass --tokenizer or --tokens")
-		}
-		ids = tok.Encode(s, tokenizer.Options{AddSpecial: true, ParseSpecial: false})
-	default:
-		return fmt.Errorf("give --text, -f or --tokens")
+	ids, err := inputTokens(tok, *tokens, *text, *file)
+	if err != nil {
+		return err
 	}
 	if len(ids) < 2 && !*logits {
 		return fmt.Errorf("need at least two tokens to score, got %d", len(ids))
@@ -130,4 +112,28 @@ func runScore(args []string) error {
 	}
 	fmt.Fprintf(out, "tokens %d  nll %.6f  perplexity %.6f\n", len(ids), sc.NLL, sc.Perplexity)
 	return nil
+}
+
+// inputTokens reads the token ids a scoring command works on: --tokens as
+// given, else --text or the file's text encoded with BOS as the vocabulary
+// says (specials in the text stay text).
+func inputTokens(tok tokenizer.Tokenizer, tokens, text, file string) ([]int32, error) {
+	switch {
+	case tokens != "":
+		return parseIDs(tokens)
+	case text != "" || file != "":
+		s := text
+		if file != "" {
+			b, err := os.ReadFile(file)
+			if err != nil {
+				return nil, err
+			}
+			s = string(b)
+		}
+		if tok == nil {
+			return nil, fmt.Errorf("the model has no tokenizer; pass --tokenizer or --tokens")
+		}
+		return tok.Encode(s, tokenizer.Options{AddSpecial: true}), nil
+	}
+	return nil, fmt.Errorf("give --text, -f or --tokens")
 }
