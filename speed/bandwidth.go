@@ -2,6 +2,7 @@ package speed
 
 import (
 	"fmt"
+	"sort"
 	"time"
 
 	"pagoda/kernels"
@@ -68,11 +69,7 @@ func ReadBandwidth(p *kernels.Pool, ops *kernels.Ops, size int64, reps int) (*Ba
 
 func median(x []float64) float64 {
 	s := append([]float64(nil), x...)
-	for i := 1; i < len(s); i++ {
-		for j := i; j > 0 && s[j] < s[j-1]; j-- {
-			s[j], s[j-1] = s[j-1], s[j]
-		}
-	}
+	sort.Float64s(s)
 	if len(s)%2 == 1 {
 		return s[len(s)/2]
 	}

@@ -144,16 +144,9 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 		defer func() { expertBytes += m.ExpertBytesRead() - e0 }()
 		start := time.Now()
 		switch t.Kind {
-		case "pp":
-			for lo := t.Depth; lo < t.Depth+t.N; lo += batch {
-				hi := min(lo+batch, t.Depth+t.N)
-				b := &model.Batch{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
-				for i := range b.Pos {
-					b.Pos[i] = int32(lo + i)
-				}
-				if _, err := m.Forward(b, cache); err != nil {
-					return 0, err
-				}
+		case "pp": // seqs is 1
+			if err := prompt(cache, t.Depth, t.Depth+t.N); err != nil {
+				return 0, err
 			}
 		case "tg":
 			// Every sequence decodes its own token at each step and
