@@ -226,7 +226,9 @@ func runServe(args []string) error {
 		return err
 	}
 	nkv, kd, vd := c.KVShape()
-	if vd == 0 && (!isFloatKV(kfK) || !isFloatKV(kfV)) {
+	_, floatK := kfK.(kvcache.DType)
+	_, floatV := kfV.(kvcache.DType)
+	if vd == 0 && (!floatK || !floatV) {
 		return fmt.Errorf("--kv-dtype %v/%v: an MLA model's latent cache is stored as f32, f16 or bf16 only", kfK, kfV)
 	}
 	// KIVI keeps each sequence's most recent tokens in f16 beside the
@@ -306,14 +308,4 @@ func flagSet(fs *flag.FlagSet, name string) bool {
 	set := false
 	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
 	return set
-}
-
-// isFloatKV says whether f stores plain floats (no blocks, scales or
-// residual windows).
-func isFloatKV(f kvcache.Format) bool {
-	switch f.String() {
-	case "f32", "f16", "bf16":
-		return true
-	}
-	return false
 }
