@@ -74,17 +74,7 @@ func TestStreamingPastContext(t *testing.T) {
 	batched.KVBlocks = 12
 	batched.MaxNumBatchedTokens = 16
 	e := startModelEngine(t, m, batched)
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		ch, err := e.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); got[i] = collect(t, ch, 1) }()
-	}
-	wg.Wait()
+	got := runAll(t, e, reqs)
 	for i := range reqs {
 		if fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
 			t.Fatalf("request %d batched %v, alone %v", i, got[i].tokens, want[i].tokens)

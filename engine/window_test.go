@@ -136,17 +136,7 @@ func TestSlidingWindowStories260K(t *testing.T) {
 	for _, s := range texts {
 		reqs = append(reqs, &Request{Prompt: tok.Encode(s, tokenizer.Options{AddSpecial: true}), MaxTokens: 90, IgnoreEOS: true})
 	}
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		ch, err := e.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); got[i] = collect(t, ch, 1) }()
-	}
-	wg.Wait()
+	got := runAll(t, e, reqs)
 	for i, r := range reqs {
 		want := flatGreedy(t, m, r.Prompt, r.MaxTokens)
 		if fmt.Sprint(got[i].tokens[0]) != fmt.Sprint(want) {
