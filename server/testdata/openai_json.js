@@ -42,8 +42,10 @@ async function main() {
   out.stream = { parsed: JSON.parse(text), finish };
 
   // A forced call: the story model knows no tools; the grammar writes one.
+  // The grammar allows up to 21 bytes of white space at each of about 15
+  // places, so 400 tokens always hold the whole call.
   const tools = [{ type: "function", function: { name: "get_time", parameters: { type: "object", properties: { tz: { enum: ["CET", "UTC"] } }, required: ["tz"] } } }];
-  const t = await client.chat.completions.create({ model, messages, max_tokens: 100, tools, tool_choice: "required" });
+  const t = await client.chat.completions.create({ model, messages, max_tokens: 400, seed: 6, tools, tool_choice: "required" });
   out.tool = { finish: t.choices[0].finish_reason, calls: (t.choices[0].message.tool_calls || []).map((c) => [c.function.name, JSON.parse(c.function.arguments)]) };
 
   try {
