@@ -97,7 +97,7 @@ func TestResponseFormatStories(t *testing.T) {
 	}
 	t.Logf("%d json_object completions ended on their own", objDone)
 	// Streaming: the deltas join into a valid document.
-	events := postStream(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":300,"stream":true,`+rfSchema+`}`)
+	events := postStream(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":300,"seed":3,"stream":true,`+rfSchema+`}`)
 	var text, finish string
 	for _, e := range events {
 		if e == "[DONE]" {

@@ -81,7 +81,7 @@ func TestToolChoiceForced(t *testing.T) {
 					checkCall(ch.Message.ToolCalls[0].Function.Name, ch.Message.ToolCalls[0].Function.Arguments, tc.want)
 				}
 			}
-			events := postStream(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"stream":true,`+
+			events := postStream(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"Hi"}],"max_tokens":200,"seed":3,"stream":true,`+
 				`"tool_choice":{"type":"function","function":{"name":"get_weather"}},`+toolsJSON+`}`)
 			var fn, args, finish string
 			for _, e := range events {
