@@ -5,6 +5,14 @@
 // the user builds (CPU-only, native, Release); nothing here links it.
 //
 //	go run ./scripts/peerbench -llama ~/llama.cpp/build -m a.gguf,b.gguf
+//
+// With -d, decode runs with that many tokens already in the KV cache, for
+// each KV-cache format of -kv: `pagoda bench -d`, and on the llama.cpp side
+// llama-server (flash attention, -ctk/-ctv) answering one prompt of d
+// random tokens per repetition, timed by its own per-request decode timings
+// (llama-bench gained -d only in later versions).
+//
+//	go run ./scripts/peerbench -llama ~/llama.cpp/build -m a.gguf -p 0 -d 4096 -kv f16,q8_0,q4_0
 package main
 
 import (
@@ -32,11 +40,22 @@ func main() {
 type key struct{ model, test string }
 
 type engine struct {
-	name   string
-	cmd    func(model string) *exec.Cmd
-	parse  func([]byte) (map[string][]float64, string, error)
-	runs   map[key][]float64
-	commit string
+	name string
+	// measure runs the engine's benchmark on model with KV format kv ("" =
+	// the engine's default) and returns samples per test name.
+	measure func(model, kv string) (map[string][]float64, string, error)
+	runs    map[key][]float64
+	commit  string
+}
+
+// command runs c and parses its standard output.
+func command(c *exec.Cmd, parse func([]byte) (map[string][]float64, string, error)) (map[string][]float64, string, error) {
+	var stdout bytes.Buffer
+	c.Stdout, c.Stderr = &stdout, io.Discard
+	if err := c.Run(); err != nil {
+		return nil, "", err
+	}
+	return parse(stdout.Bytes())
 }
 
 func run(args []string, out, log io.Writer) error {
@@ -49,6 +68,9 @@ func run(args []string, out, log io.Writer) error {
 	threads := fs.Int("t", 2, "threads, the same for both")
 	reps := fs.Int("r", 3, "repetitions per engine per round")
 	rounds := fs.Int("rounds", 3, "rounds; each runs both engines once, alternating which goes first")
+	depth := fs.Int("d", 0, "tokens already in the KV cache for tg (llama.cpp side through llama-server)")
+	vocab := fs.Int("vocab-size", 32000, "with -d: the llama.cpp prompt's random token ids are drawn below this")
+	kvs := fs.String("kv", "", "with -d: KV-cache formats to test, comma separated (f16, q8_0, q4_0, …; pagoda-only ones such as kivi4 skip llama.cpp)")
 	fs.SetOutput(log)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -56,15 +78,32 @@ func run(args []string, out, log io.Writer) error {
 	if *llama == "" || *models == "" {
 		return fmt.Errorf("-llama DIR and -m MODELS are required")
 	}
-	if *pp < 0 || *tg < 0 || *pp+*tg == 0 || *threads < 1 || *reps < 1 || *rounds < 1 {
-		return fmt.Errorf("need -p/-n ≥ 0 (not both 0), -t, -r and -rounds ≥ 1")
+	if *pp < 0 || *tg < 0 || *pp+*tg == 0 || *threads < 1 || *reps < 1 || *rounds < 1 || *depth < 0 {
+		return fmt.Errorf("need -p/-n ≥ 0 (not both 0), -t, -r and -rounds ≥ 1, -d ≥ 0")
+	}
+	if *depth > 0 && (*pp != 0 || *tg == 0) {
+		return fmt.Errorf("-d measures decode only: give -p 0 and -n > 0")
+	}
+	if *vocab < 4 {
+		return fmt.Errorf("-vocab-size must be at least 4")
+	}
+	if *kvs != "" && *depth == 0 {
+		return fmt.Errorf("-kv needs -d")
+	}
+	formats := []string{""}
+	if *kvs != "" {
+		formats = strings.Split(*kvs, ",")
+	}
+	tool := "llama-bench"
+	if *depth > 0 {
+		tool = "llama-server"
 	}
 	lb := *llama
 	if st, err := os.Stat(lb); err == nil && st.IsDir() {
-		lb = filepath.Join(lb, "bin", "llama-bench")
+		lb = filepath.Join(lb, "bin", tool)
 	}
 	if _, err := os.Stat(lb); err != nil {
-		return fmt.Errorf("llama-bench: %w", err)
+		return fmt.Errorf("%s: %w", tool, err)
 	}
 	pg := *pagoda
 	if pg == "" {
@@ -84,11 +123,26 @@ func run(args []string, out, log io.Writer) error {
 	ts := strconv.Itoa(*threads)
 	r := strconv.Itoa(*reps)
 	engines := []*engine{
-		{name: "llama.cpp", runs: map[key][]float64{}, parse: parseLlama, cmd: func(m string) *exec.Cmd {
-			return exec.Command(lb, "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-o", "json")
+		{name: "llama.cpp", runs: map[key][]float64{}, measure: func(m, kv string) (map[string][]float64, string, error) {
+			if *depth > 0 {
+				return llamaServerDepth(lb, m, kv, *depth, *tg, *threads, *reps, *vocab)
+			}
+			return command(exec.Command(lb, "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-o", "json"), parseLlama)
 		}},
-		{name: "pagoda", runs: map[key][]float64{}, parse: parsePagoda, cmd: func(m string) *exec.Cmd {
-			return exec.Command(pg, "bench", "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-bw", "0", "-json")
+		{name: "pagoda", runs: map[key][]float64{}, measure: func(m, kv string) (map[string][]float64, string, error) {
+			a := []string{"bench", "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-bw", "0", "-json"}
+			if *depth > 0 {
+				a = append(a, "-d", strconv.Itoa(*depth))
+				if kv == "" {
+					kv = "f16" // llama.cpp's default cache; pagoda bench's own default is exact f32
+				}
+				a = append(a, "--kv-dtype", kv)
+			}
+			res, commit, err := command(exec.Command(pg, a...), parsePagoda)
+			if err == nil && *depth > 0 {
+				res = renameDepth(res, kv)
+			}
+			return res, commit, err
 		}},
 	}
 	var files []string
@@ -103,22 +157,21 @@ func run(args []string, out, log io.Writer) error {
 			if round%2 == 1 {
 				order[0], order[1] = order[1], order[0]
 			}
-			for _, e := range order {
-				fmt.Fprintf(log, "round %d/%d: %s on %s\n", round+1, *rounds, e.name, filepath.Base(m))
-				var stdout bytes.Buffer
-				c := e.cmd(m)
-				c.Stdout, c.Stderr = &stdout, io.Discard
-				if err := c.Run(); err != nil {
-					return fmt.Errorf("%s on %s: %w", e.name, m, err)
-				}
-				res, commit, err := e.parse(stdout.Bytes())
-				if err != nil {
-					return fmt.Errorf("%s on %s: %w", e.name, m, err)
-				}
-				e.commit = commit
-				for test, s := range res {
-					k := key{filepath.Base(m), test}
-					e.runs[k] = append(e.runs[k], s...)
+			for _, kv := range formats {
+				for _, e := range order {
+					if e.name == "llama.cpp" && !llamaKV(kv) {
+						continue
+					}
+					fmt.Fprintf(log, "round %d/%d: %s on %s %s\n", round+1, *rounds, e.name, filepath.Base(m), kv)
+					res, commit, err := e.measure(m, kv)
+					if err != nil {
+						return fmt.Errorf("%s on %s: %w", e.name, m, err)
+					}
+					e.commit = commit
+					for test, s := range res {
+						k := key{filepath.Base(m), test}
+						e.runs[k] = append(e.runs[k], s...)
+					}
 				}
 			}
 		}
@@ -130,7 +183,7 @@ func run(args []string, out, log io.Writer) error {
 func report(w io.Writer, es []*engine, files []string, threads int) {
 	fmt.Fprintf(w, "| model | test | llama.cpp t/s | pagoda t/s | ratio |\n| --- | --- | ---: | ---: | ---: |\n")
 	var keys []key
-	for k := range es[0].runs {
+	for k := range es[1].runs {
 		keys = append(keys, k)
 	}
 	sort.Slice(keys, func(i, j int) bool {
@@ -141,7 +194,8 @@ func report(w io.Writer, es []*engine, files []string, threads int) {
 	})
 	for _, k := range keys {
 		a, b := es[0].runs[k], es[1].runs[k]
-		if len(b) == 0 {
+		if len(a) == 0 {
+			fmt.Fprintf(w, "| %s | %s | – | %s | – |\n", k.model, k.test, spread(b))
 			continue
 		}
 		ma, mb := median(a), median(b)

@@ -1,0 +1,153 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// llamaKV reports whether llama.cpp has the KV-cache type kv ("" is its
+// default, f16).
+func llamaKV(kv string) bool {
+	switch kv {
+	case "", "f16", "f32", "bf16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl":
+		return true
+	}
+	return false
+}
+
+func depthTest(tg, depth int, kv string) string {
+	if kv == "" {
+		kv = "f16"
+	}
+	return fmt.Sprintf("tg%d @ d%d kv=%s", tg, depth, kv)
+}
+
+// renameDepth labels pagoda bench's depth tests with the KV format.
+func renameDepth(res map[string][]float64, kv string) map[string][]float64 {
+	out := map[string][]float64{}
+	for test, s := range res {
+		var tg, d int
+		if _, err := fmt.Sscanf(test, "tg%d @ d%d", &tg, &d); err == nil {
+			test = depthTest(tg, d, kv)
+		}
+		out[test] = append(out[test], s...)
+	}
+	return out
+}
+
+// llamaServerDepth measures llama.cpp's decode at depth: llama-server with
+// one slot, flash attention and the KV type kv, answers reps prompts of
+// depth random tokens (prompt caching off, so each is a fresh fill), each
+// generating tg tokens with EOS ignored; the sample is the server's own
+// decode rate for the request (timings.predicted_per_second), which
+// excludes the prompt.
+func llamaServerDepth(bin, model, kv string, depth, tg, threads, reps, vocab int) (map[string][]float64, string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, "", err
+	}
+	port := l.Addr().(*net.TCPAddr).Port
+	l.Close()
+	if kv == "" {
+		kv = "f16"
+	}
+	cmd := exec.Command(bin, "-m", model, "-t", strconv.Itoa(threads), "--port", strconv.Itoa(port),
+		"-np", "1", "-c", strconv.Itoa(depth+tg+64), "-fa", "-ctk", kv, "-ctv", kv)
+	var logs bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &logs, &logs
+	if err := cmd.Start(); err != nil {
+		return nil, "", err
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	defer func() {
+		cmd.Process.Signal(syscall.SIGINT)
+		select {
+		case <-exited:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-exited
+		}
+	}()
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	for ready := false; !ready; {
+		select {
+		case err := <-exited:
+			return nil, "", fmt.Errorf("llama-server exited: %v: %s", err, tail(logs.String()))
+		case <-time.After(200 * time.Millisecond):
+		}
+		if resp, err := http.Get(base + "/health"); err == nil {
+			ready = resp.StatusCode == http.StatusOK
+			resp.Body.Close()
+		}
+	}
+	rng := rand.New(rand.NewPCG(uint64(depth), uint64(tg)))
+	var samples []float64
+	for i := 0; i < reps; i++ {
+		prompt := make([]int, depth)
+		for j := range prompt {
+			prompt[j] = 3 + rng.IntN(vocab-3)
+		}
+		body, _ := json.Marshal(map[string]any{"prompt": prompt, "n_predict": tg, "ignore_eos": true,
+			"cache_prompt": false, "temperature": 0})
+		resp, err := http.Post(base+"/completion", "application/json", bytes.NewReader(body))
+		if err != nil {
+			return nil, "", err
+		}
+		rate, err := parseTimings(resp.Body, tg)
+		resp.Body.Close()
+		if err != nil {
+			return nil, "", err
+		}
+		samples = append(samples, rate)
+	}
+	commit := "unknown"
+	if m := buildRe.FindStringSubmatch(logs.String()); m != nil {
+		commit = m[1]
+	}
+	return map[string][]float64{depthTest(tg, depth, kv): samples}, commit, nil
+}
+
+// buildRe finds the commit in llama-server's start-up line "build: 4798 (c392e509)".
+var buildRe = regexp.MustCompile(`build: \d+ \(([0-9a-f]+)\)`)
+
+// parseTimings reads llama-server's /completion answer and returns its
+// decode rate, checking that all tg tokens were generated.
+func parseTimings(r io.Reader, tg int) (float64, error) {
+	var out struct {
+		Timings struct {
+			PredictedN      int     `json:"predicted_n"`
+			PredictedPerSec float64 `json:"predicted_per_second"`
+		} `json:"timings"`
+		Error *struct {
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	if err := json.NewDecoder(r).Decode(&out); err != nil {
+		return 0, fmt.Errorf("reading llama-server's answer: %w", err)
+	}
+	if out.Error != nil {
+		return 0, fmt.Errorf("llama-server: %s", out.Error.Message)
+	}
+	if out.Timings.PredictedN != tg || out.Timings.PredictedPerSec <= 0 {
+		return 0, fmt.Errorf("llama-server generated %d tokens at %v t/s, want %d", out.Timings.PredictedN, out.Timings.PredictedPerSec, tg)
+	}
+	return out.Timings.PredictedPerSec, nil
+}
+
+func tail(s string) string {
+	if len(s) > 2000 {
+		s = s[len(s)-2000:]
+	}
+	return s
+}
