@@ -200,10 +200,15 @@ type result struct {
 func collect(t *testing.T, ch <-chan Event, n int) result {
 	t.Helper()
 	res := result{tokens: make([][]int32, n), text: make([]string, n), finish: make([]FinishReason, n)}
-	timeout := time.After(20 * time.Second)
+	// A stall, not a slow run, is the failure: race builds on a loaded
+	// machine take minutes over what takes a second alone.
+	const stall = 2 * time.Minute
+	timer := time.NewTimer(stall)
+	defer timer.Stop()
 	for {
 		select {
 		case ev, ok := <-ch:
+			timer.Reset(stall)
 			if !ok {
 				if res.usage == nil {
 					t.Fatal("stream closed without a Usage event")
@@ -228,8 +233,8 @@ func collect(t *testing.T, ch <-chan Event, n int) result {
 			if ev.Usage != nil {
 				res.usage = ev.Usage
 			}
-		case <-timeout:
-			t.Fatal("timed out waiting for events")
+		case <-timer.C:
+			t.Fatalf("no event for %v", stall)
 		}
 	}
 }
