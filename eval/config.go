@@ -20,6 +20,7 @@ import (
 	"sync"
 
 	"pagoda/kvcache"
+	"pagoda/model"
 )
 
 // Setup is what one KV configuration sets on the cache it is evaluated on.
@@ -31,6 +32,16 @@ type Setup struct {
 	// position attended.
 	Policy    func() kvcache.Policy
 	BlockSize int // 0: the format's group or kvcache.DefaultBlockSize
+	// Layout, when set, changes the cache's configuration (built with the
+	// fields above) before each fresh cache is made: MiniCache's merged
+	// layer pairs, per-layer key channels. It is given the model.
+	Layout func(m *model.Model, cfg *kvcache.Config) error
+	// Budget is, for plots, the tokens a query attends at most (a policy's
+	// budget); 0: not a budgeted policy.
+	Budget int
+	// Series labels the configuration's plot line (default its name):
+	// configurations differing only in their budget share one.
+	Series string
 }
 
 // Params are an item's key=value options ("sinks=4,window=256"). A
