@@ -84,6 +84,7 @@ type SinkMass struct {
 type Report struct {
 	Tokens       int       `json:"tokens"`
 	Segments     int       `json:"segments"`
+	Segment      int       `json:"segment"` // tokens per segment (the last may be shorter)
 	Chunk        int       `json:"chunk"`
 	Prefill      int       `json:"prefill,omitempty"`
 	RefTokPerSec float64   `json:"ref_tokens_per_sec"`
@@ -198,14 +199,14 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 		r.res.KFormat, r.res.VFormat = fmtName(cf.Setup.KFormat), fmtName(cf.Setup.VFormat)
 		runs = append(runs, r)
 	}
-	rep := &Report{Tokens: len(tokens), Chunk: o.Chunk, Prefill: o.Prefill}
+	rep := &Report{Tokens: len(tokens), Chunk: o.Chunk, Prefill: o.Prefill, Segment: o.Segment}
 	total := len(tokens) * len(runs)
 	done := 0
 	ref := make([]float32, c.VocabSize)
 	for lo := 0; lo < len(tokens); lo += o.Segment {
 		seg := tokens[lo:min(lo+o.Segment, len(tokens))]
-		if len(seg) < 2 {
-			break
+		if len(seg) < 2 || len(seg) <= o.Prefill {
+			break // a last segment too short to measure after its prompt
 		}
 		rep.Segments++
 		for _, r := range runs {

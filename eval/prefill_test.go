@@ -57,6 +57,15 @@ func TestPrefill(t *testing.T) {
 	if small.Budget != 16 || small.Series != "snapkv:window=8" || big.Series != "snapkv" {
 		t.Errorf("budget %d, series %q and %q", small.Budget, small.Series, big.Series)
 	}
+	// Segments of 40 with a 30-token prompt: the last, shorter than 31
+	// tokens, is left out.
+	seg, err := Run(m, ids, cfgs[:1], Options{Prefill: 30, Segment: 40})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if full := len(ids) / 40; seg.Segments != full+btoi(len(ids)%40 > 30) || seg.Results[0].Positions != 10*full+max(0, len(ids)%40-30) {
+		t.Errorf("%d tokens in segments of 40, prompts of 30: %d segments, %d positions", len(ids), seg.Segments, seg.Results[0].Positions)
+	}
 	if _, err := Run(m, ids, cfgs[:1], Options{Prefill: len(ids)}); err == nil {
 		t.Error("a prompt of the whole text accepted")
 	}
@@ -144,6 +153,7 @@ type svgDoc struct {
 			Points string `xml:"points,attr"`
 		} `xml:"polyline"`
 		Circles []struct{} `xml:"circle"`
+		Texts   []string   `xml:"text"`
 	} `xml:"g"`
 }
 
@@ -198,6 +208,14 @@ func TestPlots(t *testing.T) {
 		t.Errorf("bytes plot: %+v", d.Series)
 	}
 	b.Reset()
+	if err := WriteSavedSVG(&b, rep, "saved"); err != nil {
+		t.Fatal(err)
+	}
+	d = parseSVG(t, b.String())
+	if len(d.Series) != 3 || len(d.Series[0].Circles) != 3 || len(d.Series[0].Texts) != 4 || d.Series[0].Texts[0] != "budget=64" {
+		t.Errorf("saved plot: %+v", d.Series)
+	}
+	b.Reset()
 	if err := WriteCurveSVG(&b, rep, "curve", 32); err != nil {
 		t.Fatal(err)
 	}
@@ -210,9 +228,14 @@ func TestPlots(t *testing.T) {
 			t.Errorf("curve %q: %d points (100 positions in bins of 32: 3), %d markers", s.Name, n, len(s.Circles))
 		}
 	}
-	x, y := Curve([]float64{0, 2, 1, 1, 5}, 2, 1)
+	x, y := Curve([]float64{0, 2, 1, 1, 5}, 2, 1, 0)
 	if len(x) != 2 || x[0] != 2 || x[1] != 4 || y[0] != math.E || y[1] != math.E {
 		t.Errorf("Curve: %v %v", x, y)
+	}
+	// Two segments of 4 measured positions and a partial third, folded.
+	x, y = Curve([]float64{0, 2, 4, 4, 2, 0, 2, 2, 1}, 2, 1, 4)
+	if len(x) != 2 || x[0] != 2 || x[1] != 4 || math.Abs(y[0]-math.E) > 1e-12 || math.Abs(y[1]-math.Exp(3)) > 1e-12 {
+		t.Errorf("folded Curve: %v %v", x, y)
 	}
 	if err := (&Plot{Series: []Series{{Name: "bad", X: []float64{1}}}}).Write(&b); err == nil {
 		t.Error("a series with fewer y than x plotted")
@@ -221,4 +244,11 @@ func TestPlots(t *testing.T) {
 
 func fmtSscan(pt string, x, y *float64) (int, error) {
 	return fmt.Sscanf(pt, "%g,%g", x, y)
+}
+
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }

@@ -50,6 +50,7 @@ func runEval(args []string) error {
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's); a longer one lets the exact cache run past the trained context")
 	curveOut := fs.String("curve", "", "also plot perplexity over bins of --curve-bin positions against position, the exact cache and every configuration, as SVG to this file")
 	curveBin := fs.Int("curve-bin", 32, "positions per bin of --curve")
+	savedOut := fs.String("svg-saved", "", "also plot KL against the KV memory saved (% of the exact cache's bytes), one line per series, as SVG to this file")
 	budgetOut := fs.String("svg-budget", "", "also plot KL against the token budget of every budgeted policy, one line per policy, as SVG to this file")
 	sinkTok := fs.Int("sink-mass", 0, "also measure the attention mass the exact cache's queries (from position 64) put on the first N tokens, per layer")
 	mdOut := fs.String("md", "", "also write the table as Markdown to this file")
@@ -141,6 +142,7 @@ func runEval(args []string) error {
 		write func(io.Writer) error
 	}{
 		{*svgOut, func(w io.Writer) error { return eval.WriteSVG(w, rep, title) }},
+		{*savedOut, func(w io.Writer) error { return eval.WriteSavedSVG(w, rep, title) }},
 		{*budgetOut, func(w io.Writer) error { return eval.WriteBudgetSVG(w, rep, title) }},
 		{*curveOut, func(w io.Writer) error { return eval.WriteCurveSVG(w, rep, title, *curveBin) }},
 		{*mdOut, func(w io.Writer) error { return writeEvalMarkdown(w, rep) }},
