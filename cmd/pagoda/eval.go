@@ -234,8 +234,50 @@ func writeEvalMarkdown(w io.Writer, rep *eval.Report) error {
 		row = append(row[:len(row)-1], strconv.FormatFloat(100*(1-r.BytesPerToken/rep.RefBytesTok), 'f', 1, 64))
 		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
 	}
-	_, err := fmt.Fprintln(w)
-	return err
+	fmt.Fprintln(w)
+	writeQuarters(w, rep)
+	return nil
+}
+
+// writeQuarters writes, for a run with per-position NLL, the perplexity
+// over each quarter of the stream (of every segment, averaged position by
+// position over the segments).
+func writeQuarters(w io.Writer, rep *eval.Report) {
+	if rep.RefNLL == nil {
+		return
+	}
+	first := max(rep.Prefill, 1)
+	per, period := len(rep.RefNLL), 0
+	if rep.Segments > 1 {
+		per = rep.Segment - first
+		period = per
+	}
+	q := per / 4
+	if q < 1 {
+		return
+	}
+	fmt.Fprintf(w, "Perplexity by position of the predicted token")
+	if rep.Segments > 1 {
+		fmt.Fprintf(w, " (mean over the %d segments, position by position)", rep.Segments)
+	}
+	fmt.Fprintf(w, ":\n\n| config |")
+	for i := 0; i < 4; i++ {
+		fmt.Fprintf(w, " %d–%d |", first+i*q, first+(i+1)*q-1)
+	}
+	fmt.Fprintf(w, "\n|%s\n", strings.Repeat(" --- |", 5))
+	row := func(name string, nll []float64) {
+		_, y := eval.Curve(nll, q, first, period)
+		fmt.Fprintf(w, "| %s |", name)
+		for _, v := range y {
+			fmt.Fprintf(w, " %.3f |", v)
+		}
+		fmt.Fprintln(w)
+	}
+	row("exact (full cache)", rep.RefNLL)
+	for _, r := range rep.Results {
+		row(r.Name, r.NLL)
+	}
+	fmt.Fprintln(w)
 }
 
 func refPPL(rep *eval.Report) float64 {
