@@ -53,6 +53,7 @@ func runEval(args []string) error {
 	savedOut := fs.String("svg-saved", "", "also plot KL against the KV memory saved (% of the exact cache's bytes), one line per series, as SVG to this file")
 	budgetOut := fs.String("svg-budget", "", "also plot KL against the token budget of every budgeted policy, one line per policy, as SVG to this file")
 	sinkTok := fs.Int("sink-mass", 0, "also measure the attention mass the exact cache's queries (from position 64) put on the first N tokens, per layer")
+	plotTitle := fs.String("title", "", "title of the plots (default: the model, tokens and prompt)")
 	mdOut := fs.String("md", "", "also write the table as Markdown to this file")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	csvOut := fs.String("csv", "", "also write the table as CSV to this file")
@@ -136,6 +137,9 @@ func runEval(args []string) error {
 	title := fmt.Sprintf("%s: %d tokens", filepath.Base(path), len(ids))
 	if *prefill > 0 {
 		title += fmt.Sprintf(", prompt %d per segment of %d", *prefill, min(len(ids), cmp.Or(*segment, m.Config.ContextLen)))
+	}
+	if *plotTitle != "" {
+		title = *plotTitle
 	}
 	for _, o := range []struct {
 		path  string
