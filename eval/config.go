@@ -10,6 +10,11 @@
 //	for s in $(seq 1 16); do pagoda run --threads 1 -p "Once upon a time" -n 480 \
 //	    --temp 1 --seed $s --ignore-eos >> corpus.txt; echo >> corpus.txt; done
 //	pagoda eval --threads 1 -f corpus.txt --kv f16,bf16,kivi4,kivi2,kivi2:k=token
+//
+// docs/eval (scripts/eval-policies.sh) measures the KV policies on it:
+// StreamingLLM over streams longer than the cache, Quest, H2O and SnapKV
+// at equal budgets after a prompt pass (Options.Prefill), MiniCache and
+// key channels against the memory they save.
 package eval
 
 import (

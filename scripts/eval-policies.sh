@@ -34,6 +34,11 @@ ev -f "$corpus" --segment 512 --sink-mass 4 \
 	--title "StreamingLLM: 16 fresh 512-token streams, caches of 64 (8x) and 32 (16x) tokens" \
 	--curve "$out/streaming-512.svg" --curve-bin 32 --md "$out/streaming-512.md"
 
+# The attention on the first tokens of the one stream that begins with BOS
+# (the corpus's first 512 tokens), for the sinks question.
+ev -f "$corpus" --max-tokens 512 --sink-mass 4 --kv streaming:sinks=0,window=64,streaming:sinks=4,window=60 \
+	--md "$out/streaming-bos.md"
+
 # 1b. Past the trained context: one 2048-token stream (4x the 512 tokens
 # llama2.c trained on; the GGUF declares 2048, and --ctx 2048 says so for
 # any copy that does not), so the full cache runs there too (its positions
