@@ -10,6 +10,11 @@
 //	for s in $(seq 1 16); do pagoda run --threads 1 -p "Once upon a time" -n 480 \
 //	    --temp 1 --seed $s --ignore-eos >> corpus.txt; echo >> corpus.txt; done
 //	pagoda eval --threads 1 -f corpus.txt --kv f16,bf16,kivi4,kivi2,kivi2:k=token
+//
+// docs/eval (scripts/eval-policies.sh) measures the KV policies on it:
+// StreamingLLM over streams longer than the cache, Quest, H2O and SnapKV
+// at equal budgets after a prompt pass (Options.Prefill), MiniCache and
+// key channels against the memory they save.
 package eval
 
 import (
@@ -20,6 +25,7 @@ import (
 	"sync"
 
 	"pagoda/kvcache"
+	"pagoda/model"
 )
 
 // Setup is what one KV configuration sets on the cache it is evaluated on.
@@ -31,6 +37,16 @@ type Setup struct {
 	// position attended.
 	Policy    func() kvcache.Policy
 	BlockSize int // 0: the format's group or kvcache.DefaultBlockSize
+	// Layout, when set, changes the cache's configuration (built with the
+	// fields above) before each fresh cache is made: MiniCache's merged
+	// layer pairs, per-layer key channels. It is given the model.
+	Layout func(m *model.Model, cfg *kvcache.Config) error
+	// Budget is, for plots, the tokens a query attends at most (a policy's
+	// budget); 0: not a budgeted policy.
+	Budget int
+	// Series labels the configuration's plot line (default its name):
+	// configurations differing only in their budget share one.
+	Series string
 }
 
 // Params are an item's key=value options ("sinks=4,window=256"). A

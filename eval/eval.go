@@ -1,9 +1,11 @@
 package eval
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
+	"sync"
 	"time"
 
 	"pagoda/kvcache"
@@ -19,6 +21,21 @@ type Options struct {
 	// Segment is the tokens evaluated on one fresh cache (default the
 	// model's context length); a longer stream is cut into segments.
 	Segment int
+	// Prefill, when positive, makes the first Prefill tokens of every
+	// segment one forward pass (the prompt: every cache is told its length,
+	// so SnapKV compresses it when the pass commits); the rest are
+	// teacher-forced Chunk at a time. Only the predictions of the tokens
+	// after the prompt are measured (rows Prefill-1 on), so every policy
+	// is scored on what it decodes after its prompt handling.
+	Prefill int
+	// PerPosition keeps every measured position's negative log-likelihood
+	// (Result.NLL, Report.RefNLL), for plots against position.
+	PerPosition bool
+	// SinkTokens, when positive, measures on the exact cache the attention
+	// mass queries put on the first SinkTokens positions (Report.Sinks).
+	SinkTokens int
+	// SinkFrom is the first query position counted for Sinks (default 64).
+	SinkFrom int
 	// Progress, when set, is called after every step with the tokens
 	// done and the total, summed over the exact run and every config.
 	Progress func(done, total int)
@@ -43,16 +60,38 @@ type Result struct {
 	BytesPerToken float64 `json:"bytes_per_token"`
 	PeakBytes     int64   `json:"peak_bytes"`
 	TokensPerSec  float64 `json:"tokens_per_sec"` // forward passes over this config's cache
+	// Budget and Series are the configuration's Setup.Budget and series
+	// label (Setup.Series, else Name), for plots.
+	Budget int    `json:"budget,omitempty"`
+	Series string `json:"series,omitempty"`
+	// NLL is, with Options.PerPosition, the negative log-likelihood of
+	// every measured position in order (segments concatenated).
+	NLL []float64 `json:"nll,omitempty"`
+}
+
+// SinkMass is the attention the exact cache's queries at SinkFrom and
+// later put on the first Tokens positions, per layer: the mean over
+// queries and heads of the summed weight, against Uniform, the same mean
+// if every query spread its attention evenly over what it sees.
+type SinkMass struct {
+	Tokens  int       `json:"tokens"`
+	From    int       `json:"from"`
+	Mass    []float64 `json:"mass"`
+	Uniform float64   `json:"uniform"`
 }
 
 // Report is a whole run.
 type Report struct {
-	Tokens       int      `json:"tokens"`
-	Segments     int      `json:"segments"`
-	Chunk        int      `json:"chunk"`
-	RefTokPerSec float64  `json:"ref_tokens_per_sec"`
-	RefBytesTok  float64  `json:"ref_bytes_per_token"`
-	Results      []Result `json:"results"`
+	Tokens       int       `json:"tokens"`
+	Segments     int       `json:"segments"`
+	Segment      int       `json:"segment"` // tokens per segment (the last may be shorter)
+	Chunk        int       `json:"chunk"`
+	Prefill      int       `json:"prefill,omitempty"`
+	RefTokPerSec float64   `json:"ref_tokens_per_sec"`
+	RefBytesTok  float64   `json:"ref_bytes_per_token"`
+	Results      []Result  `json:"results"`
+	RefNLL       []float64 `json:"ref_nll,omitempty"` // with Options.PerPosition
+	Sinks        *SinkMass `json:"sinks,omitempty"`   // with Options.SinkTokens
 }
 
 // run is one cache being evaluated.
@@ -69,6 +108,53 @@ type run struct {
 	elapsed time.Duration
 	fwd     int // tokens through the model
 	lsm     []float32
+	m       *model.Model
+}
+
+// sinkObserver is the full cache, noting the attention weight on the
+// first k positions of queries at from and later, per layer.
+type sinkObserver struct {
+	kvcache.FullPolicy
+	k, from int
+	mu      sync.Mutex
+	mass, n []float64
+	uni, nq float64
+}
+
+// ObserveScores implements kvcache.ScoreObserver.
+func (s *sinkObserver) ObserveScores(layer int, _ int32, pos, _ int, spans []kvcache.Span, w []float32) {
+	if pos < s.from || layer >= len(s.mass) {
+		return
+	}
+	var m float64
+	seen, i := 0, 0
+	for _, sp := range spans {
+		seen += sp.To - sp.From
+		for t := sp.From; t < sp.To; t, i = t+1, i+1 {
+			if t < s.k {
+				m += float64(w[i])
+			}
+		}
+	}
+	s.mu.Lock()
+	s.mass[layer] += m
+	s.n[layer]++
+	s.uni += float64(min(s.k, seen)) / float64(seen)
+	s.nq++
+	s.mu.Unlock()
+}
+
+func (s *sinkObserver) result() *SinkMass {
+	r := &SinkMass{Tokens: s.k, From: s.from, Mass: make([]float64, len(s.mass))}
+	for l := range s.mass {
+		if s.n[l] > 0 {
+			r.Mass[l] = s.mass[l] / s.n[l]
+		}
+	}
+	if s.nq > 0 {
+		r.Uniform = s.uni / s.nq
+	}
+	return r
 }
 
 // exact is the reference: f32 K and V, every position attended.
@@ -89,35 +175,53 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 	if len(tokens) < 2 {
 		return nil, fmt.Errorf("eval: need at least two tokens, got %d", len(tokens))
 	}
+	if o.Prefill < 0 || o.Prefill >= o.Segment || o.Prefill >= len(tokens) {
+		return nil, fmt.Errorf("eval: a prompt of %d tokens leaves nothing to measure in segments of %d (%d tokens)", o.Prefill, min(o.Segment, len(tokens)), len(tokens))
+	}
+	if o.SinkFrom <= 0 {
+		o.SinkFrom = 64
+	}
 	for _, t := range tokens {
 		if t < 0 || int(t) >= c.VocabSize {
 			return nil, fmt.Errorf("eval: token %d outside the vocabulary of %d", t, c.VocabSize)
 		}
 	}
 	runs := make([]*run, 0, len(cfgs)+1)
-	for _, cf := range append([]Config{exact}, cfgs...) {
-		r := &run{cfg: cf, lsm: make([]float32, c.VocabSize)}
-		r.res.Name = cf.Name
+	ref0 := exact
+	var sinks *sinkObserver
+	if o.SinkTokens > 0 {
+		sinks = &sinkObserver{k: o.SinkTokens, from: o.SinkFrom, mass: make([]float64, c.NLayer), n: make([]float64, c.NLayer)}
+		ref0.Setup.Policy = func() kvcache.Policy { return sinks }
+	}
+	for _, cf := range append([]Config{ref0}, cfgs...) {
+		r := &run{cfg: cf, lsm: make([]float32, c.VocabSize), m: m}
+		r.res.Name, r.res.Budget, r.res.Series = cf.Name, cf.Setup.Budget, cmp.Or(cf.Setup.Series, cf.Name)
 		r.res.KFormat, r.res.VFormat = fmtName(cf.Setup.KFormat), fmtName(cf.Setup.VFormat)
 		runs = append(runs, r)
 	}
-	rep := &Report{Tokens: len(tokens), Chunk: o.Chunk}
+	rep := &Report{Tokens: len(tokens), Chunk: o.Chunk, Prefill: o.Prefill, Segment: o.Segment}
 	total := len(tokens) * len(runs)
 	done := 0
 	ref := make([]float32, c.VocabSize)
 	for lo := 0; lo < len(tokens); lo += o.Segment {
 		seg := tokens[lo:min(lo+o.Segment, len(tokens))]
-		if len(seg) < 2 {
-			break
+		if len(seg) < 2 || len(seg) <= o.Prefill {
+			break // a last segment too short to measure after its prompt
 		}
 		rep.Segments++
 		for _, r := range runs {
 			if err := r.open(c, len(seg)); err != nil {
 				return nil, fmt.Errorf("eval: %s: %w", r.cfg.Name, err)
 			}
+			if o.Prefill > 0 {
+				r.cache.NotePrompt(0, o.Prefill)
+			}
 		}
-		for p := 0; p < len(seg); p += o.Chunk {
+		for p := 0; p < len(seg); {
 			q := min(p+o.Chunk, len(seg))
+			if p == 0 && o.Prefill > 0 {
+				q = o.Prefill
+			}
 			b := &model.Batch{Tokens: seg[p:q], Pos: make([]int32, q-p), Seq: make([]int32, q-p), Logits: make([]bool, q-p)}
 			for i := range b.Pos {
 				b.Pos[i], b.Logits[i] = int32(p+i), true
@@ -131,11 +235,15 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 				if ri == 0 {
 					refLogits = append(refLogits[:0], logits...)
 				}
-				for i := p; i < q && i+1 < len(seg); i++ {
+				for i := max(p, o.Prefill-1); i < q && i+1 < len(seg); i++ {
 					row := logits[(i-p)*c.VocabSize : (i-p+1)*c.VocabSize]
 					sample.LogSoftmax(row, r.lsm)
-					r.nll -= float64(r.lsm[seg[i+1]])
+					nll := -float64(r.lsm[seg[i+1]])
+					r.nll += nll
 					r.res.Positions++
+					if o.PerPosition {
+						r.res.NLL = append(r.res.NLL, nll)
+					}
 					if ri == 0 {
 						continue
 					}
@@ -152,12 +260,17 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 					o.Progress(done, total)
 				}
 			}
+			p = q
 		}
 	}
 	for _, r := range runs {
 		r.finish()
 	}
 	rep.RefTokPerSec, rep.RefBytesTok = runs[0].res.TokensPerSec, runs[0].res.BytesPerToken
+	rep.RefNLL = runs[0].res.NLL
+	if sinks != nil {
+		rep.Sinks = sinks.result()
+	}
 	for _, r := range runs[1:] {
 		r.res.RefPPL = runs[0].res.PPL
 		r.res.DeltaPPL = r.res.PPL - r.res.RefPPL
@@ -187,12 +300,18 @@ func (r *run) open(c *model.Config, n int) error {
 	if bs == 0 {
 		bs = max(kvcache.FormatBlockSize(kf), kvcache.FormatBlockSize(vf))
 	}
-	cache, err := kvcache.New(kvcache.Config{
+	cfg := kvcache.Config{
 		NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: bs,
 		NumBlocks: (n+bs-1)/bs + 1, DType: kvcache.F32, KFormat: kf, VFormat: vf,
 		Window: c.SlidingWindow, Groups: policyGroups(c, s.Policy),
 		Rope: &kvcache.Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim},
-	})
+	}
+	if s.Layout != nil {
+		if err := s.Layout(r.m, &cfg); err != nil {
+			return err
+		}
+	}
+	cache, err := kvcache.New(cfg)
 	if err != nil {
 		return err
 	}

@@ -46,12 +46,21 @@ func runEval(args []string) error {
 	maxTok := fs.Int("max-tokens", 0, "evaluate at most this many tokens (0 = all)")
 	chunk := fs.Int("chunk", 1, "tokens per forward pass (1 = as in generation)")
 	segment := fs.Int("segment", 0, "tokens per fresh cache (0 = the model's context length)")
+	prefill := fs.Int("prefill", 0, "the first N tokens of every segment are one prompt pass (SnapKV compresses it); only the tokens after it are measured (0 = none)")
+	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's); a longer one lets the exact cache run past the trained context")
+	curveOut := fs.String("curve", "", "also plot perplexity over bins of --curve-bin positions against position, the exact cache and every configuration, as SVG to this file")
+	curveBin := fs.Int("curve-bin", 32, "positions per bin of --curve")
+	savedOut := fs.String("svg-saved", "", "also plot KL against the KV memory saved (% of the exact cache's bytes), one line per series, as SVG to this file")
+	budgetOut := fs.String("svg-budget", "", "also plot KL against the token budget of every budgeted policy, one line per policy, as SVG to this file")
+	sinkTok := fs.Int("sink-mass", 0, "also measure the attention mass the exact cache's queries (from position 64) put on the first N tokens, per layer")
+	plotTitle := fs.String("title", "", "title of the plots (default: the model, tokens and prompt)")
+	mdOut := fs.String("md", "", "also write the table as Markdown to this file")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	csvOut := fs.String("csv", "", "also write the table as CSV to this file")
 	svgOut := fs.String("svg", "", "also plot KL against KV bytes per token, one point per configuration, as SVG to this file")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	list := fs.Bool("list", false, "list the registered configuration items")
-	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}, {"max-tokens", 0, inf}, {"chunk", 1, 1 << 20}, {"segment", 0, inf}}); err != nil {
+	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}, {"max-tokens", 0, inf}, {"chunk", 1, 1 << 20}, {"segment", 0, inf}, {"prefill", 0, inf}, {"ctx", 0, maxCtx}, {"curve-bin", 1, inf}, {"sink-mass", 0, inf}}); err != nil {
 		return err
 	}
 	if *list {
@@ -76,7 +85,7 @@ func runEval(args []string) error {
 	if err != nil {
 		return err
 	}
-	m, err := openModel(path, model.Options{Tokenizer: *tokPath, Threads: *threads})
+	m, err := openModel(path, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
 	if err != nil {
 		return err
 	}
@@ -100,13 +109,14 @@ func runEval(args []string) error {
 	bar.Verb, bar.Past, bar.Amount, bar.Delay = "evaluating", "evaluated", progress.Count, time.Second
 	bar.Start(0, -1)
 	var total int64
-	rep, err := eval.Run(m, ids, cfgs, eval.Options{Chunk: *chunk, Segment: *segment, Progress: func(done, t int) {
-		if total == 0 {
-			total = int64(t)
-			bar.SetTotal(total)
-		}
-		bar.Update(int64(done))
-	}})
+	rep, err := eval.Run(m, ids, cfgs, eval.Options{Chunk: *chunk, Segment: *segment, Prefill: *prefill,
+		PerPosition: *curveOut != "", SinkTokens: *sinkTok, Progress: func(done, t int) {
+			if total == 0 {
+				total = int64(t)
+				bar.SetTotal(total)
+			}
+			bar.Update(int64(done))
+		}})
 	bar.FinishWith(err, fmt.Sprintf("evaluated %d tokens × %d configurations in %s", len(ids), len(cfgs)+1, bar.Elapsed().Round(time.Millisecond)))
 	if err != nil {
 		return err
@@ -124,16 +134,27 @@ func runEval(args []string) error {
 			return err
 		}
 	}
-	if *svgOut != "" {
-		f, err := os.Create(*svgOut)
-		if err != nil {
-			return err
+	title := fmt.Sprintf("%s: %d tokens", filepath.Base(path), len(ids))
+	if *prefill > 0 {
+		title += fmt.Sprintf(", prompt %d per segment of %d", *prefill, min(len(ids), cmp.Or(*segment, m.Config.ContextLen)))
+	}
+	if *plotTitle != "" {
+		title = *plotTitle
+	}
+	for _, o := range []struct {
+		path  string
+		write func(io.Writer) error
+	}{
+		{*svgOut, func(w io.Writer) error { return eval.WriteSVG(w, rep, title) }},
+		{*savedOut, func(w io.Writer) error { return eval.WriteSavedSVG(w, rep, title) }},
+		{*budgetOut, func(w io.Writer) error { return eval.WriteBudgetSVG(w, rep, title) }},
+		{*curveOut, func(w io.Writer) error { return eval.WriteCurveSVG(w, rep, title, *curveBin) }},
+		{*mdOut, func(w io.Writer) error { return writeEvalMarkdown(w, rep) }},
+	} {
+		if o.path == "" {
+			continue
 		}
-		if err := eval.WriteSVG(f, rep, fmt.Sprintf("%s: %d tokens", filepath.Base(path), len(ids))); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
+		if err := writeOut(o.path, o.write); err != nil {
 			return err
 		}
 	}
@@ -158,14 +179,109 @@ func evalRow(r eval.Result) []string {
 }
 
 func writeEvalTable(w io.Writer, rep *eval.Report) error {
-	fmt.Fprintf(w, "%d tokens in %d segment(s), %d per forward pass; exact cache (f32): ppl %.4f, %.1f B/token, %.0f tok/s\n",
-		rep.Tokens, rep.Segments, rep.Chunk, refPPL(rep), rep.RefBytesTok, rep.RefTokPerSec)
+	fmt.Fprintf(w, "%d tokens in %d segment(s), %d per forward pass", rep.Tokens, rep.Segments, rep.Chunk)
+	if rep.Prefill > 0 {
+		fmt.Fprintf(w, ", a %d-token prompt per segment", rep.Prefill)
+	}
+	fmt.Fprintf(w, "; exact cache (f32): ppl %.4f, %.1f B/token, %.0f tok/s\n", refPPL(rep), rep.RefBytesTok, rep.RefTokPerSec)
+	writeSinks(w, rep)
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, strings.Join(evalCols, "\t")+"\t")
 	for _, r := range rep.Results {
 		fmt.Fprintln(tw, strings.Join(evalRow(r), "\t")+"\t")
 	}
 	return tw.Flush()
+}
+
+// writeOut writes path through write, closing it either way.
+func writeOut(path string, write func(io.Writer) error) error {
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := write(f); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+// writeSinks prints the attention mass on the first tokens, per layer.
+func writeSinks(w io.Writer, rep *eval.Report) {
+	s := rep.Sinks
+	if s == nil {
+		return
+	}
+	fmt.Fprintf(w, "attention on tokens 0-%d from queries at %d and later (exact cache; spread evenly it would be %.4f):", s.Tokens-1, s.From, s.Uniform)
+	for l, m := range s.Mass {
+		fmt.Fprintf(w, " layer %d %.4f", l, m)
+	}
+	fmt.Fprintln(w)
+}
+
+// writeEvalMarkdown writes the table as Markdown, with the memory saved
+// against the exact cache.
+func writeEvalMarkdown(w io.Writer, rep *eval.Report) error {
+	fmt.Fprintf(w, "%d tokens in %d segment(s), %d per forward pass", rep.Tokens, rep.Segments, rep.Chunk)
+	if rep.Prefill > 0 {
+		fmt.Fprintf(w, ", a %d-token prompt per segment (measured: the tokens after it)", rep.Prefill)
+	}
+	fmt.Fprintf(w, "; exact cache (f32): ppl %.4f, %.1f B/token\n\n", refPPL(rep), rep.RefBytesTok)
+	if rep.Sinks != nil {
+		writeSinks(w, rep)
+		fmt.Fprintln(w)
+	}
+	cols := append(append([]string{}, evalCols[:len(evalCols)-1]...), "saved %")
+	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(cols, " | "), strings.Repeat(" --- |", len(cols)))
+	for _, r := range rep.Results {
+		row := evalRow(r)
+		row = append(row[:len(row)-1], strconv.FormatFloat(100*(1-r.BytesPerToken/rep.RefBytesTok), 'f', 1, 64))
+		fmt.Fprintf(w, "| %s |\n", strings.Join(row, " | "))
+	}
+	fmt.Fprintln(w)
+	writeQuarters(w, rep)
+	return nil
+}
+
+// writeQuarters writes, for a run with per-position NLL, the perplexity
+// over each quarter of the stream (of every segment, averaged position by
+// position over the segments).
+func writeQuarters(w io.Writer, rep *eval.Report) {
+	if rep.RefNLL == nil {
+		return
+	}
+	first := max(rep.Prefill, 1)
+	per, period := len(rep.RefNLL), 0
+	if rep.Segments > 1 {
+		per = rep.Segment - first
+		period = per
+	}
+	q := per / 4
+	if q < 1 {
+		return
+	}
+	fmt.Fprintf(w, "Perplexity by position of the predicted token")
+	if rep.Segments > 1 {
+		fmt.Fprintf(w, " (mean over the %d segments, position by position)", rep.Segments)
+	}
+	fmt.Fprintf(w, ":\n\n| config |")
+	for i := 0; i < 4; i++ {
+		fmt.Fprintf(w, " %d–%d |", first+i*q, first+(i+1)*q-1)
+	}
+	fmt.Fprintf(w, "\n|%s\n", strings.Repeat(" --- |", 5))
+	row := func(name string, nll []float64) {
+		_, y := eval.Curve(nll, q, first, period)
+		fmt.Fprintf(w, "| %s |", name)
+		for _, v := range y {
+			fmt.Fprintf(w, " %.3f |", v)
+		}
+		fmt.Fprintln(w)
+	}
+	row("exact (full cache)", rep.RefNLL)
+	for _, r := range rep.Results {
+		row(r.Name, r.NLL)
+	}
+	fmt.Fprintln(w)
 }
 
 func refPPL(rep *eval.Report) float64 {

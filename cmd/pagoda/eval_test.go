@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"encoding/xml"
 	"os"
 	"path/filepath"
 	"strings"
@@ -87,5 +88,55 @@ func TestKVDTypeFlags(t *testing.T) {
 	code, stdout, stderr := pagoda(t, "bench", "-m", m, "-t", "1", "-r", "1", "-p", "0", "-n", "4", "-d", "64", "--kv-dtype", "kivi4:g=16,r=16", "--json")
 	if code != 0 || !strings.Contains(stdout, `"test": "tg4 @ d64"`) {
 		t.Errorf("bench at depth: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+}
+
+// TestEvalPlots: a prompt pass reaches SnapKV (the full cache is exact,
+// a small capacity loses something), and every plot and the Markdown
+// table are written; a prompt that leaves nothing to measure is refused.
+func TestEvalPlots(t *testing.T) {
+	text := "--text=Once upon a time, there was a little girl named Lily. She loved to play outside in the sun. One day, she saw a big dog in the park."
+	dir := t.TempDir()
+	file := func(name string) string { return filepath.Join(dir, name) }
+	code, stdout, stderr := pagoda(t, "eval", "--threads", "1", text, "--prefill", "24", "--sink-mass", "4",
+		"--kv", "f32,snapkv:capacity=8,window=4,snapkv:capacity=64", "--json",
+		"--svg-budget", file("b.svg"), "--svg-saved", file("s.svg"), "--curve", file("c.svg"), "--curve-bin", "4", "--md", file("t.md"))
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var rep struct {
+		Prefill int
+		Sinks   struct{ Mass []float64 }
+		Results []struct {
+			Name   string
+			KLMean float64 `json:"kl_mean"`
+			Budget int
+		}
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("%v\n%s", err, stdout)
+	}
+	if rep.Prefill != 24 || len(rep.Sinks.Mass) == 0 || len(rep.Results) != 3 || rep.Results[0].KLMean != 0 ||
+		!(rep.Results[1].KLMean > 0) || rep.Results[1].Budget != 8 || rep.Results[2].KLMean != 0 {
+		t.Errorf("report: %+v", rep)
+	}
+	for _, f := range []string{"b.svg", "s.svg", "c.svg"} {
+		b, err := os.ReadFile(file(f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc struct {
+			G []struct{} `xml:"g"`
+		}
+		if err := xml.Unmarshal(b, &doc); err != nil || len(doc.G) == 0 {
+			t.Errorf("%s: %v, %d series", f, err, len(doc.G))
+		}
+	}
+	if b, err := os.ReadFile(file("t.md")); err != nil || !strings.Contains(string(b), "| snapkv:capacity=8,window=4 |") || !strings.Contains(string(b), "saved %") {
+		t.Errorf("markdown: %q %v", b, err)
+	}
+	code, _, stderr = pagoda(t, "eval", text, "--kv", "f16", "--prefill", "500")
+	if code != 1 || !strings.Contains(stderr, "leaves nothing to measure") {
+		t.Errorf("--prefill 500: exit %d, %q", code, stderr)
 	}
 }
