@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"pagoda/kvcache"
+	"pagoda/spec"
 	"pagoda/tokenizer"
 )
 
@@ -240,4 +241,61 @@ func TestRequestPolicyChecks(t *testing.T) {
 			t.Errorf("default %s, request %q: 3 contexts gives %v, want allowed %v", c.def, c.own, err, c.past)
 		}
 	}
+}
+
+// TestRequestPolicySpeculation: speculation is decided per request: a
+// request with "none" on an engine whose default is Quest speculates and
+// gives the plain engine's tokens beside a Quest request, which does not
+// speculate and gives the Quest engine's.
+func TestRequestPolicySpeculation(t *testing.T) {
+	m := openStories(t)
+	prompts := reqPolicyPrompts(t, m.Tokenizer(), 3)
+	base := modelConfig(m)
+	base.BlockSize, base.KVDType, base.KVBlocks = 8, kvcache.F32, 64
+	quest := "quest:budget=16,dense=1"
+	alone := func(pol string) result {
+		cfg := base
+		if pol != "" {
+			cfg.KVPolicy = mustPolicy(t, pol)
+		}
+		e := startModelEngine(t, m, cfg)
+		defer e.Stop(context.Background())
+		return run(t, e, &Request{Prompt: prompts[2], MaxTokens: 40, IgnoreEOS: true})
+	}
+	plain, questWant := alone(""), alone(quest)
+	if fmt.Sprint(plain.tokens) == fmt.Sprint(questWant.tokens) {
+		t.Fatal("quest changes nothing here: the test proves nothing")
+	}
+
+	ng, err := spec.NewNGram(1, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := base
+	cfg.KVPolicy = mustPolicy(t, quest)
+	cfg.Spec = SpecConfig{Proposer: ng, Tokens: 3, Fixed: true}
+	e := startModelEngine(t, m, cfg)
+	none := &Request{Prompt: prompts[2], MaxTokens: 40, IgnoreEOS: true, KVPolicy: kvcache.FullPolicy{}}
+	def := &Request{Prompt: prompts[2], MaxTokens: 40, IgnoreEOS: true}
+	for _, c := range []struct {
+		r    *Request
+		spec bool
+	}{{none, true}, {def, false}} {
+		q, err := e.validate(c.r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := e.specTokens(q) > 0; got != c.spec {
+			t.Fatalf("policy %v: speculates %v, want %v", c.r.KVPolicy, got, c.spec)
+		}
+	}
+	got := runMixed(t, e, []*Request{none, def})
+	if fmt.Sprint(got[0].tokens) != fmt.Sprint(plain.tokens) || fmt.Sprint(got[1].tokens) != fmt.Sprint(questWant.tokens) {
+		t.Fatalf("none %v (plain %v), quest %v (alone %v)", got[0].tokens, plain.tokens, got[1].tokens, questWant.tokens)
+	}
+	if e.Stats().SpecDrafts == 0 {
+		t.Fatal("the none request drafted nothing")
+	}
+	e.Stop(context.Background())
+	mustNoLeak(t, e)
 }
