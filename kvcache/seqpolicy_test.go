@@ -21,7 +21,7 @@ type simSeq struct {
 }
 
 const (
-	simBS, simHD, simNKV, simNH, simLayers = 4, 8, 2, 4, 3
+	simBS, simHD, simNKV, simNH, simLayers = 4, 32, 2, 4, 3
 )
 
 var simParams = model.AttnParams{NHead: simNH, NKVHead: simNKV, HeadDim: simHD, Scale: 0.35}
@@ -36,13 +36,17 @@ func simRow(tok int32, pos, layer, kind, n int) []float32 {
 }
 
 func simRope() *Rotary {
-	return &Rotary{Freqs: []float32{1, 0.1, 0.01, 0.001}, HeadDim: simHD}
+	return &Rotary{Freqs: []float32{1, 0.3, 0.1, 0.03, 0.01, 0.003, 0.001, 0.0003}, HeadDim: simHD}
 }
 
-func simCache(t *testing.T, pol Policy, blocks int) *Cache {
+func simCache(t *testing.T, pol Policy, blocks int, kv ...Format) *Cache {
 	t.Helper()
-	c, err := New(Config{NLayer: simLayers, NKVHead: simNKV, HeadDim: simHD, BlockSize: simBS, NumBlocks: blocks,
-		DType: F32, PrefixCache: true, Policy: pol, Rope: simRope(), Ops: kernels.Generic()})
+	cfg := Config{NLayer: simLayers, NKVHead: simNKV, HeadDim: simHD, BlockSize: simBS, NumBlocks: blocks,
+		DType: F32, PrefixCache: true, Policy: pol, Rope: simRope(), Ops: kernels.Generic()}
+	if len(kv) == 2 {
+		cfg.KFormat, cfg.VFormat = kv[0], kv[1]
+	}
+	c, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +197,35 @@ var simPolicies = []string{"full", "streaming:sinks=2,window=8", "quest:budget=8
 // whose default is their policy, whatever the cache's default; freeing
 // them leaves no block, binding or policy state behind.
 func TestSeqPoliciesMatchAlone(t *testing.T) {
+	testSeqPoliciesMatchAlone(t, nil, []string{"full", "quest:budget=8,dense=1", "h2o:heavy=4,recent=4"}, 2)
+}
+
+// TestSeqPoliciesQuantized: the same with keys and values in quantized
+// formats: q8_0 keys with q4_0 values, and KIVI. KIVI runs one round: a
+// prefix hit on KIVI blocks is not batch invariant even with one policy
+// (a hit block is read quantized where the sequence alone read part of
+// it from the full-precision residual), which is KIVI's, not policies'.
+func TestSeqPoliciesQuantized(t *testing.T) {
+	for _, kv := range [][2]string{{"q8_0", "q4_0"}, {"kivi4:g=4,r=8", "kivi4:g=4,r=8"}} {
+		t.Run(kv[0]+"/"+kv[1], func(t *testing.T) {
+			k, err := ParseFormat(kv[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, err := ParseFormat(kv[1])
+			if err != nil {
+				t.Fatal(err)
+			}
+			rounds := 2
+			if _, ok := k.(KIVI); ok {
+				rounds = 1
+			}
+			testSeqPoliciesMatchAlone(t, []Format{k, v}, []string{"quest:budget=8,dense=1"}, rounds)
+		})
+	}
+}
+
+func testSeqPoliciesMatchAlone(t *testing.T, kv []Format, defaults []string, rounds int) {
 	const prompt, n = 12, 40
 	want := map[string]simOut{}
 	for i, spec := range simPolicies {
@@ -200,17 +233,17 @@ func TestSeqPoliciesMatchAlone(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		c := simCache(t, pol, 64)
+		c := simCache(t, pol, 64, kv...)
 		s := &simSeq{id: 7, tokens: simTokens(int32(i+1), prompt, n), prompt: prompt}
 		want[spec] = simRun(t, c, []*simSeq{s})[7]
 		c.Free(7)
 		assertFreed(t, c)
 	}
-	for _, def := range []string{"full", "quest:budget=8,dense=1", "h2o:heavy=4,recent=4"} {
+	for _, def := range defaults {
 		t.Run("default="+def, func(t *testing.T) {
 			dp, _ := ParsePolicy(def)
-			c := simCache(t, dp, 128)
-			for round := 0; round < 2; round++ { // the second round meets the first's cached blocks
+			c := simCache(t, dp, 128, kv...)
+			for round := 0; round < rounds; round++ { // the second round meets the first's cached blocks
 				var seqs []*simSeq
 				for i, spec := range simPolicies {
 					pol, _ := ParsePolicy(spec)
