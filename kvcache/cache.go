@@ -151,6 +151,7 @@ type Cache struct {
 	defaultKey   string                // the routed groups' default policy
 	defaultNS    uint64                // its hash namespace past defaultExact (0: none)
 	defaultExact int
+	questShared  []*questState // per group: the per-sequence Quests' key bounds
 }
 
 // New allocates the storage for cfg.

@@ -23,8 +23,11 @@ import (
 //
 // A distinct policy (by its configuration string) is attached to the cache
 // once, while sequences use it, and dropped with its state when the last
-// one is freed: Quest's key bounds, H2O's masses and SnapKV's masks then
-// exist only for the sequences that run them. A sequence's binding and its
+// one is freed: H2O's masses and SnapKV's masks exist only for the
+// sequences that run them. Quest's key bounds are per physical block, not
+// per sequence: every per-sequence Quest of a group shares one table
+// (sharedQuest), so a client choosing many settings cannot multiply it;
+// the table is not counted in the cache's byte budget. A sequence's binding and its
 // policy state go with Free (preemption included); the scheduler binds a
 // sequence again, before its prefix lookup, each time it is admitted.
 //
@@ -192,7 +195,9 @@ func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
 			continue
 		}
 		b := p
-		if a, ok := p.(attacher); ok {
+		if q, ok := p.(*QuestPolicy); ok {
+			b = c.sharedQuest(q, gi)
+		} else if a, ok := p.(attacher); ok {
 			var err error
 			if b, err = a.attach(c, gi); err != nil {
 				return nil, err
@@ -212,6 +217,23 @@ func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
 	}
 	c.policies[key] = sp
 	return sp, nil
+}
+
+// sharedQuest binds q to the key bounds that every per-sequence Quest of
+// group gi shares, whatever its budget and dense layers: one table over
+// all the group's layers, made at the first such binding and kept with
+// the cache (about an eighth of an f16 cache's bytes), so requests
+// choosing many different Quest settings cost no more memory than one.
+// A Quest that is the cache's default keeps its own.
+func (c *Cache) sharedQuest(q *QuestPolicy, gi int) Policy {
+	if c.questShared == nil {
+		c.questShared = make([]*questState, len(c.groups))
+	}
+	if c.questShared[gi] == nil {
+		all, _ := (&QuestPolicy{}).attach(c, gi)
+		c.questShared[gi] = all.(*QuestPolicy).st
+	}
+	return &QuestPolicy{Budget: q.Budget, Dense: q.Dense, st: c.questShared[gi]}
 }
 
 // unbind drops seq's binding, and the policy with its state when no

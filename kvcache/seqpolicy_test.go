@@ -172,6 +172,11 @@ func assertFreed(t *testing.T, c *Cache) {
 	if s, p := c.BoundSeqs(); s != 0 || p != 0 {
 		t.Fatalf("%d sequences still bound, %d policies attached", s, p)
 	}
+	for _, st := range c.questShared {
+		if st != nil && len(st.seqs) != 0 {
+			t.Fatalf("shared quest state of %d sequences left", len(st.seqs))
+		}
+	}
 	for gi := range c.groups {
 		switch p := c.groups[gi].Policy.(type) {
 		case *QuestPolicy:
@@ -334,6 +339,15 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 	c.Free(6)
 	c.Free(8)
 	assertFreed(t, c)
+
+	// Per-sequence Quests of any settings share one table of key bounds.
+	c.Bind(10, quest)
+	c.Bind(11, NewQuest(4, 0))
+	if a, b := c.SeqPolicy(0, 10).(*QuestPolicy), c.SeqPolicy(0, 11).(*QuestPolicy); a.st != b.st || a.Budget == b.Budget {
+		t.Fatal("two quest settings do not share their key bounds")
+	}
+	c.Free(10)
+	c.Free(11)
 
 	// Binding a sequence that holds blocks to another policy fails.
 	c.Bind(9, quest)
