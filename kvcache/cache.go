@@ -251,8 +251,9 @@ func New(cfg Config) (*Cache, error) {
 func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
 
 // NotePrompt tells the policies that seq's prompt is its first n tokens
-// (SnapKV compresses the prompt when it has been computed). The engine
-// calls it when it queues a request.
+// (SnapKV compresses the prompt when it has been computed), under the
+// policy seq is bound to. The engine calls it at each admission of a
+// sequence, after Bind; Free forgets it.
 func (c *Cache) NotePrompt(seq int32, n int) {
 	for gi := range c.groups {
 		if p, ok := c.policyOf(gi, seq).(prompter); ok {
