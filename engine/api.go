@@ -3,7 +3,10 @@
 // the model, and the static-batching baseline.
 package engine
 
-import "pagoda/sample"
+import (
+	"pagoda/kvcache"
+	"pagoda/sample"
+)
 
 // Request is one generation request as the server or CLI submits it.
 // Prompt is already tokenized.
@@ -45,6 +48,16 @@ type Request struct {
 	// when the engine speculates (Config.Spec): 0 leaves the engine's
 	// setting, a negative value turns speculation off for the request.
 	SpecTokens int
+
+	// KVPolicy is the KV cache policy this request's sequences run
+	// (kvcache.ParsePolicy: streaming, quest, h2o, snapkv): nil runs the
+	// engine's Config.KVPolicy, kvcache.FullPolicy{} runs none (the
+	// model's own attention) even where the engine has one. Requests
+	// batch together whatever their policies; a request whose effective
+	// policy is not full attention does not speculate. A per-request
+	// policy never lets a request past the model's context unless the
+	// engine's policy does too (a streaming Config.KVPolicy).
+	KVPolicy kvcache.Policy
 }
 
 // FinishReason says why a completion ended.

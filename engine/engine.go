@@ -81,6 +81,9 @@ type Config struct {
 }
 
 var (
+	// ErrBadKVPolicy matches (errors.Is) a request's KV policy the cache
+	// cannot run (Request.KVPolicy).
+	ErrBadKVPolicy = errors.New("engine: bad KV policy")
 	// ErrQueueFull is returned by Submit when MaxWaiting requests already wait.
 	ErrQueueFull = errors.New("engine: waiting queue is full")
 	// ErrStopped is returned by Submit once Stop has been called.
@@ -177,6 +180,13 @@ type request struct {
 	r         Request
 	maxTokens int
 	extra     uint64 // prefix-cache key: the engine's salt with the request's
+	// kvPolicy is what the request's sequences are bound to in the KV
+	// cache (nil: the engine's default); kvLossy says its effective policy
+	// is not full attention (no speculation); maxLen is the tokens one of
+	// its sequences may reach.
+	kvPolicy  kvcache.Policy
+	kvLossy   bool
+	maxLen    int
 	comps     []completion
 	stopAfter func() bool
 	out       *outbox
@@ -433,11 +443,32 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	if err := r.Sampling.CheckVocab(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
+	q.kvPolicy, q.maxLen = r.KVPolicy, e.maxLen
+	if r.KVPolicy != nil {
+		if err := e.kv.CheckPolicy(r.KVPolicy); err != nil {
+			return nil, fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
+		}
+		// Past the context only where the engine's policy goes there
+		// too (the model checks positions against the cache's default)
+		// and the request's own keeps distances and blocks bounded.
+		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(r.KVPolicy) == 0 || e.kv.MaxSeqBlocksFor(r.KVPolicy, e.sch.maxChunk()) == 0 {
+			q.maxLen = c.ContextLen
+		}
+	}
+	eff := c.KVPolicy
+	if r.KVPolicy != nil {
+		eff = r.KVPolicy
+	}
+	if eff != nil {
+		_, full := eff.(kvcache.FullPolicy)
+		q.kvLossy = !full
+	}
+	maxLen := q.maxLen
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
-	if peak := e.kv.MaxSeqBlocks(e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
+	if peak := e.kv.MaxSeqBlocksFor(r.KVPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
 		// The window bounds what a sequence ever holds at once (the
 		// largest chunk included), so only the context limits it.
-		kvTokens = e.maxLen
+		kvTokens = maxLen
 	}
 	n := len(r.Prompt)
 	switch {
@@ -448,14 +479,14 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		if kvTokens < limit {
 			limit, what = kvTokens, "KV cache"
 		}
-		if n >= e.maxLen || (e.maxLen == c.ContextLen && n >= limit) {
+		if n >= maxLen || (maxLen == c.ContextLen && n >= limit) {
 			return nil, &TooLongError{Prompt: n, Limit: limit, What: what}
 		}
 		q.maxTokens = max(limit-n, 1)
 	// Subtract rather than add: a client's max_tokens near MaxInt would
 	// make n+MaxTokens wrap negative and slip past both limits.
-	case r.MaxTokens > e.maxLen-n:
-		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: e.maxLen, What: "context"}
+	case r.MaxTokens > maxLen-n:
+		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: maxLen, What: "context"}
 	case r.MaxTokens > kvTokens-n:
 		return nil, &TooLongError{Prompt: n, MaxTokens: r.MaxTokens, Limit: kvTokens, What: "KV cache"}
 	default:
@@ -518,8 +549,7 @@ func (e *Engine) takeInbox() {
 	e.inBlocks = nil
 	e.mu.Unlock()
 	for _, r := range news {
-		s := e.sch.add(r)
-		e.kv.NotePrompt(s.id, len(r.r.Prompt))
+		e.sch.add(r) // the scheduler binds its policy and prompt at admission
 	}
 	for _, r := range cancels {
 		e.endRequest(r, FinishCancelled, nil)

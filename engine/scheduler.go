@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 
+	"pagoda/kvcache"
 	"pagoda/spec"
 )
 
@@ -10,7 +11,11 @@ import (
 // and the prefix cache, never the storage. *kvcache.Cache satisfies it.
 type kvManager interface {
 	BlockSize() int
-	Lookup(tokens []int32, extra uint64) []int32
+	// Bind and NotePrompt set up a sequence's KV policy (Request.KVPolicy)
+	// before each admission: Free (preemption too) forgets them.
+	Bind(seq int32, p kvcache.Policy) error
+	NotePrompt(seq int32, n int)
+	LookupSeq(seq int32, tokens []int32, extra uint64) []int32
 	RecordPrefixQuery(queried, hit int)
 	CanAllocate(seq int32, hit []int32, from, upto int) bool
 	Allocate(seq int32, hit []int32, from, upto int) bool
@@ -199,9 +204,15 @@ func (sc *scheduler) admitWaiting(p *plan, budget int) {
 		if len(sc.running)+seats > sc.cfg.MaxNumSeqs {
 			break
 		}
+		// A waiting sequence holds no blocks (new, or preempted): bind it
+		// to its request's policy before the lookup, which obeys it.
+		if err := sc.kv.Bind(s.id, s.req.kvPolicy); err != nil {
+			panic(fmt.Sprintf("engine: sequence %d: %v", s.id, err)) // Submit checked the policy
+		}
+		sc.kv.NotePrompt(s.id, len(s.req.r.Prompt))
 		var hit []int32
 		if s.numComputed == 0 && !s.req.r.PromptLogprobs {
-			hit = sc.kv.Lookup(s.tokens, s.req.extra)
+			hit = sc.kv.LookupSeq(s.id, s.tokens, s.req.extra)
 		}
 		from := len(hit) * sc.kv.BlockSize()
 		n := sc.chunk(len(s.tokens)-from, budget)

@@ -57,7 +57,7 @@ const probeEvery = 32
 // off too: rolling drafts back under a policy that moves or drops
 // positions is not verified yet.
 func (e *Engine) specTokens(r *request) int {
-	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || e.cfg.KVPolicy != nil || r.r.Sampling.Constraint != nil {
+	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || r.kvLossy || r.r.Sampling.Constraint != nil {
 		return 0
 	}
 	for i := range r.comps {

@@ -308,7 +308,7 @@ func (e *Engine) finishReason(r *request, c *completion, tok int32, length int, 
 	switch {
 	case stopped:
 		return FinishStop
-	case c.nOut >= r.maxTokens || length >= e.maxLen:
+	case c.nOut >= r.maxTokens || length >= r.maxLen:
 		ev.Text += c.text.flush()
 		return FinishLength
 	}

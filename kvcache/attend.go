@@ -75,16 +75,23 @@ func (c *Cache) Begin(b *model.Batch) error {
 		v.off, v.spans = append(v.off[:0], 0), v.spans[:0]
 		for _, r := range st.rows {
 			n := len(v.spans)
-			v.spans = g.Policy.Visible(st.seqs[r.seq].id, int(r.pos), v.spans)
+			pol := c.policyOf(gi, st.seqs[r.seq].id)
+			v.spans = pol.Visible(st.seqs[r.seq].id, int(r.pos), v.spans)
 			for k, s := range v.spans[n:] {
 				if s.From < 0 || s.To > int(r.pos)+1 || s.From >= s.To || (k > 0 && s.From < v.spans[n+k-1].To) {
-					return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", g.Policy, r.pos, st.seqs[r.seq].id, s)
+					return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", pol, r.pos, st.seqs[r.seq].id, s)
 				}
 			}
 			v.off = append(v.off, int32(len(v.spans)))
 		}
+		// Each policy that keeps state sizes it for its own sequences.
 		if sp, ok := g.Policy.(stepper); ok {
-			sp.beginStep()
+			sp.beginStep(func(seq int32) bool { return !c.routed(gi) || c.bound[seq] == nil })
+		}
+		for _, bp := range c.policies {
+			if sp, ok := bp.groups[gi].(stepper); ok && c.routed(gi) {
+				sp.beginStep(func(seq int32) bool { return c.bound[seq] == bp })
+			}
 		}
 	}
 	return nil
@@ -146,6 +153,7 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 			p.NHead, p.NKVHead, p.HeadDim, layer, g.NKVHead, g.KDim))
 	}
 	sq := &st.seqs[st.rows[lo].seq]
+	pol := c.policyOf(gi, sq.id)
 	sc, _ := c.scratch.Get().(*attnScratch)
 	if sc == nil {
 		sc = new(attnScratch)
@@ -157,13 +165,13 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 		sc.scores = make([]float32, total)
 	}
 	scores := sc.scores[:total]
-	obs, _ := g.Policy.(ScoreObserver)
-	sel, _ := g.Policy.(PageSelector)
+	obs, _ := pol.(ScoreObserver)
+	sel, _ := pol.(PageSelector)
 	if sel != nil {
 		sc.all, sc.allSo = append(sc.all[:0], sc.spans...), append(sc.allSo[:0], sc.so...)
 	}
 	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
-	shifted := c.shiftQueries(sc, g.Policy, sq.id, q[:n*qd], qd)
+	shifted := c.shiftQueries(sc, pol, sq.id, q[:n*qd], qd)
 	for kh := 0; kh < p.NKVHead; kh++ {
 		if sel != nil {
 			c.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
@@ -226,11 +234,11 @@ func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int
 		// A window wider than the cache policy's (or none) would read
 		// blocks the cache has handed to someone else: wrong output,
 		// silently, unless the policy drops positions on purpose.
-		if !c.lossy[gi] && sq.maxHole >= wlo/c.bs {
+		if sq.maxHole >= wlo/c.bs && !c.lossyOf(gi, sq.id) {
 			for b := wlo / c.bs; b <= min(sq.maxHole, pos/c.bs); b++ {
 				if sq.blocks[b] == released {
 					panic(fmt.Sprintf("kvcache: attend from position %d of sequence %d with window %d reads position %d, released by the cache policy %v",
-						pos, sq.id, window, b*c.bs, c.groups[gi].Policy))
+						pos, sq.id, window, b*c.bs, c.policyOf(gi, sq.id)))
 				}
 			}
 		}

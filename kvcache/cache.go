@@ -144,6 +144,14 @@ type Cache struct {
 
 	step    step // the batch Begin prepared
 	scratch sync.Pool
+
+	// Policies per sequence (seqpolicy.go).
+	bound        map[int32]*seqPolicy  // sequences running a policy of their own
+	policies     map[string]*seqPolicy // attached, by configuration
+	defaultKey   string                // the routed groups' default policy
+	defaultNS    uint64                // its hash namespace past defaultExact (0: none)
+	defaultExact int
+	questShared  []*questState // per group: the per-sequence Quests' key bounds
 }
 
 // New allocates the storage for cfg.
@@ -234,6 +242,7 @@ func New(cfg Config) (*Cache, error) {
 			c.groups[gi].Policy = bound
 		}
 	}
+	c.initSeqPolicies()
 	return c, nil
 }
 
@@ -242,11 +251,12 @@ func New(cfg Config) (*Cache, error) {
 func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
 
 // NotePrompt tells the policies that seq's prompt is its first n tokens
-// (SnapKV compresses the prompt when it has been computed). The engine
-// calls it when it queues a request.
+// (SnapKV compresses the prompt when it has been computed), under the
+// policy seq is bound to. The engine calls it at each admission of a
+// sequence, after Bind; Free forgets it.
 func (c *Cache) NotePrompt(seq int32, n int) {
-	for _, g := range c.groups {
-		if p, ok := g.Policy.(prompter); ok {
+	for gi := range c.groups {
+		if p, ok := c.policyOf(gi, seq).(prompter); ok {
 			p.notePrompt(seq, n)
 		}
 	}
@@ -279,12 +289,12 @@ func (c *Cache) blocksFor(n int) int { return (n + c.bs - 1) / c.bs }
 // dead is the logical blocks of seq that no query at position next or
 // later attends in any layer group: what every group's policy releases.
 func (c *Cache) dead(seq int32, next int) []Span {
-	d := c.groups[0].Policy.Release(seq, next, c.bs, nil)
-	for _, g := range c.groups[1:] {
+	d := c.policyOf(0, seq).Release(seq, next, c.bs, nil)
+	for gi := 1; gi < len(c.groups); gi++ {
 		if len(d) == 0 {
 			break
 		}
-		d = intersect(d, g.Policy.Release(seq, next, c.bs, nil))
+		d = intersect(d, c.policyOf(gi, seq).Release(seq, next, c.bs, nil))
 	}
 	return d
 }
@@ -336,21 +346,29 @@ func (c *Cache) slide(seq int32, t *seqTable, next int) {
 // recomputed so the model yields its logits. It changes nothing; pass the
 // result to Allocate to claim the blocks.
 func (c *Cache) Lookup(tokens []int32, extra uint64) []int32 {
+	return c.LookupSeq(-1, tokens, extra)
+}
+
+// LookupSeq is Lookup for sequence seq, under the policy it is bound to
+// (Bind): its hit limit and its hash namespace. seq -1 (or any unbound
+// sequence) looks up under the default policy.
+func (c *Cache) LookupSeq(seq int32, tokens []int32, extra uint64) []int32 {
 	if !c.cfg.PrefixCache || len(tokens) < 2 {
 		return nil
 	}
 	var hit []int32
 	var h uint64
 	limit := len(tokens) - 1
-	for _, g := range c.groups {
-		if l, ok := g.Policy.(hitLimiter); ok {
+	for gi := range c.groups {
+		if l, ok := c.policyOf(gi, seq).(hitLimiter); ok {
 			limit = min(limit, l.hitLimit(len(tokens)))
 		}
 	}
 	for i := 0; (i+1)*c.bs <= limit; i++ {
 		blk := tokens[i*c.bs : (i+1)*c.bs]
-		h = BlockHash(h, blk, extra)
-		id, ok := c.pool.lookup(h, blk, extra)
+		x := c.blockExtra(seq, i, extra)
+		h = BlockHash(h, blk, x)
+		id, ok := c.pool.lookup(h, blk, x)
 		if !ok {
 			break
 		}
@@ -464,15 +482,15 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 	if t == nil {
 		return
 	}
-	for _, g := range c.groups {
-		if tr, ok := g.Policy.(Tracker); ok {
+	for gi := range c.groups {
+		if tr, ok := c.policyOf(gi, seq).(Tracker); ok {
 			tr.Committed(seq, computed)
 		}
 	}
 	if c.cfg.PrefixCache {
 		n := min(computed, len(tokens))
-		for _, g := range c.groups {
-			if s, ok := g.Policy.(Sealer); ok {
+		for gi := range c.groups {
+			if s, ok := c.policyOf(gi, seq).(Sealer); ok {
 				n = min(n, s.Sealed(seq))
 			}
 		}
@@ -482,12 +500,13 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 				parent = t.hashes[i-1]
 			}
 			blk := tokens[i*c.bs : (i+1)*c.bs]
-			h := BlockHash(parent, blk, extra)
+			x := c.blockExtra(seq, i, extra)
+			h := BlockHash(parent, blk, x)
 			t.hashes = append(t.hashes, h)
 			// A block released before it was registered (a prefix hit
 			// beyond the window) still extends the chain.
 			if id := t.blocks[i]; id != released {
-				c.pool.register(id, h, blk, extra)
+				c.pool.register(id, h, blk, x)
 			}
 		}
 	}
@@ -496,8 +515,10 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 
 // Free releases all of seq's blocks. The tail blocks go back to the free
 // queue first, so a cached prefix outlives its own continuation.
+// Its policy state and its binding to a policy (Bind) go too.
 func (c *Cache) Free(seq int32) {
-	c.track(func(tr Tracker) { tr.Truncated(seq, 0) })
+	c.track(seq, func(tr Tracker) { tr.Truncated(seq, 0) })
+	c.unbind(seq)
 	t := c.tables[seq]
 	if t == nil {
 		return
@@ -532,14 +553,21 @@ func (c *Cache) Fork(parent, child int32) error {
 		}
 	}
 	c.tables[child] = t
-	c.track(func(tr Tracker) { tr.Forked(parent, child) })
+	if sp := c.bound[parent]; c.bound[child] != sp {
+		c.unbind(child)
+		if sp != nil {
+			sp.seqs++
+			c.bound[child] = sp
+		}
+	}
+	c.track(parent, func(tr Tracker) { tr.Forked(parent, child) })
 	return nil
 }
 
-// track calls fn for every group policy that keeps per-sequence state.
-func (c *Cache) track(fn func(Tracker)) {
-	for _, g := range c.groups {
-		if tr, ok := g.Policy.(Tracker); ok {
+// track calls fn for every group policy of seq that keeps per-sequence state.
+func (c *Cache) track(seq int32, fn func(Tracker)) {
+	for gi := range c.groups {
+		if tr, ok := c.policyOf(gi, seq).(Tracker); ok {
 			fn(tr)
 		}
 	}
@@ -671,7 +699,7 @@ func (c *Cache) Truncate(seq int32, n int) {
 	if n < 0 {
 		n = 0
 	}
-	c.track(func(tr Tracker) { tr.Truncated(seq, n) })
+	c.track(seq, func(tr Tracker) { tr.Truncated(seq, n) })
 	keep := c.blocksFor(n)
 	for i := len(t.blocks) - 1; i >= keep; i-- {
 		if t.blocks[i] == released {

@@ -63,7 +63,7 @@ func (*H2OPolicy) MaxBlocks(_, _ int) int { return 0 }
 // Lossy implements Lossy.
 func (*H2OPolicy) Lossy() bool { return true }
 
-func (p *H2OPolicy) beginStep() { p.m.beginStep() }
+func (p *H2OPolicy) beginStep(owns func(int32) bool) { p.m.beginStep(owns) }
 
 // ObserveScores implements ScoreObserver.
 func (p *H2OPolicy) ObserveScores(layer int, seq int32, _, head int, spans []Span, w []float32) {

@@ -56,12 +56,15 @@ func newMaskState(c *Cache, gi int) *maskState {
 	return m
 }
 
-// beginStep sizes the state of every sequence in the step to its last
-// position, so Attend's workers only index.
-func (m *maskState) beginStep() {
+// beginStep sizes the state of every sequence in the step that owns says
+// runs this policy to its last position, so Attend's workers only index.
+func (m *maskState) beginStep(owns func(int32) bool) {
 	st := &m.c.step
 	for _, r := range st.rows {
 		id := st.seqs[r.seq].id
+		if !owns(id) {
+			continue
+		}
 		s := m.seqs[id]
 		if s == nil {
 			s = &maskSeq{sealed: math.MaxInt, acc: make([][]int64, m.nl*m.nkv), gone: make([][]bool, m.nl*m.nkv)}

@@ -12,7 +12,7 @@ import (
 // the --kv-policy flag and evaluation tables use: a name, then a colon and
 // comma-separated key=value settings, all optional:
 //
-//	full
+//	full                                      (also none)
 //	window:w=4096
 //	streaming:sinks=4,window=256              (positions within the cache)
 //	streaming:sinks=4,window=256,pos=shift,ctx=2048  (llama.cpp context shift)
@@ -36,7 +36,7 @@ func ParsePolicy(s string) (Policy, error) {
 	a := &args{policy: s, kv: kv}
 	var p Policy
 	switch strings.ToLower(name) {
-	case "", "full":
+	case "", "full", "none":
 		p = FullPolicy{}
 	case "window":
 		p = WindowPolicy{W: a.int("w", 0)}
@@ -95,6 +95,10 @@ func policyNames() []string {
 	return n
 }
 
+// maxSetting bounds every count a policy reads (tokens, layers): far past
+// any context, and small enough that no sum of settings overflows.
+const maxSetting = 1 << 30
+
 // args reads a policy's settings, remembering the first error; every key
 // read is consumed, so leftovers are unknown.
 type args struct {
@@ -125,8 +129,8 @@ func (a *args) int(k string, def int) int {
 	}
 	delete(a.kv, k)
 	n, err := strconv.Atoi(v)
-	if err != nil || n < 0 {
-		a.fail("%s=%q is not a non-negative integer", k, v)
+	if err != nil || n < 0 || n > maxSetting {
+		a.fail("%s=%q is not an integer in [0, %d]", k, v, maxSetting)
 	}
 	return n
 }
@@ -138,8 +142,8 @@ func (a *args) float(k string, def float64) float64 {
 	}
 	delete(a.kv, k)
 	f, err := strconv.ParseFloat(v, 64)
-	if err != nil || f < 0 || f != f {
-		a.fail("%s=%q is not a non-negative number", k, v)
+	if err != nil || !(f >= 0 && f <= maxSetting) {
+		a.fail("%s=%q is not a number in [0, %d]", k, v, maxSetting)
 	}
 	return f
 }

@@ -161,8 +161,11 @@ type attacher interface {
 }
 
 // stepper is a bound policy that prepares per-sequence state for the step
-// Begin has just laid out (c.step), before Attend runs concurrently.
-type stepper interface{ beginStep() }
+// Begin has just laid out (c.step), before Attend runs concurrently, for
+// the sequences owns says run it (others may run other policies).
+type stepper interface {
+	beginStep(owns func(seq int32) bool)
+}
 
 // prompter is a bound policy that needs each sequence's prompt length
 // (SnapKV's observation window ends there).

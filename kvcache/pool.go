@@ -21,6 +21,7 @@ type blockMeta struct {
 	hash       uint64 // chain hash of the block's content
 	extra      uint64 // the chain's extra key, checked on lookup with the tokens
 	tokens     []int32
+	gen        uint32 // allocations so far: content computed for this block is stale once it moves on
 }
 
 // Pool is the set of physical blocks. Blocks with no references sit in one
@@ -117,6 +118,7 @@ func (p *Pool) alloc() int32 {
 	}
 	p.uncache(id)
 	p.blocks[id].ref = 1
+	p.blocks[id].gen++
 	return id
 }
 

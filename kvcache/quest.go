@@ -35,8 +35,13 @@ type questState struct {
 	// bounds[l] holds, per physical block and KV head, 2·kd floats: the
 	// maxima then the minima of the block's keys in layer l.
 	bounds [][]float32
-	seqs   map[int32]*questSeq
-	pool   sync.Pool // *questScratch
+	// gen[id] is the allocation of block id (blockMeta.gen) its bounds
+	// were computed for: a prefix hit on a block some sequence of another
+	// policy filled, or filled before this instance existed, finds it
+	// stale and computes them.
+	gen  []uint32
+	seqs map[int32]*questSeq
+	pool sync.Pool // *questScratch
 }
 
 type questSeq struct {
@@ -68,7 +73,7 @@ func (p *QuestPolicy) Check() error {
 
 func (p *QuestPolicy) attach(c *Cache, gi int) (Policy, error) {
 	g := &c.groups[gi]
-	st := &questState{c: c, group: gi, layer: map[int]int{}, nkv: g.NKVHead, kd: g.KDim, seqs: map[int32]*questSeq{}}
+	st := &questState{c: c, group: gi, layer: map[int]int{}, nkv: g.NKVHead, kd: g.KDim, seqs: map[int32]*questSeq{}, gen: make([]uint32, c.cfg.NumBlocks)}
 	for _, l := range g.Layers {
 		if l >= p.Dense { // dense layers select nothing: no bounds
 			st.layer[l] = len(st.bounds)
@@ -115,35 +120,44 @@ func (p *QuestPolicy) Committed(seq int32, next int) {
 		return
 	}
 	s := st.seqs[seq]
+	row := make([]float32, st.nkv*st.kd)
 	if s == nil {
 		s = &questSeq{}
 		s.sealed.Store(math.MaxInt64)
 		for s.done < len(t.blocks) && t.blocks[s.done] != released && c.pool.blocks[t.blocks[s.done]].hashed {
+			if id := t.blocks[s.done]; st.gen[id] != c.pool.blocks[id].gen {
+				st.bound(int(id), row)
+			}
 			s.done++
 		}
 		st.seqs[seq] = s
 	}
-	row := make([]float32, st.nkv*st.kd)
 	for ; s.done < next/c.bs && s.done < len(t.blocks); s.done++ {
-		id := int(t.blocks[s.done])
-		if id < 0 {
-			continue
+		if id := int(t.blocks[s.done]); id >= 0 {
+			st.bound(id, row)
 		}
-		for l, li := range st.layer {
-			b := st.bounds[li][id*st.nkv*2*st.kd : (id+1)*st.nkv*2*st.kd]
+	}
+}
+
+// bound computes the key bounds of physical block id (row: scratch of
+// one key row).
+func (st *questState) bound(id int, row []float32) {
+	c := st.c
+	st.gen[id] = c.pool.blocks[id].gen
+	for l, li := range st.layer {
+		b := st.bounds[li][id*st.nkv*2*st.kd : (id+1)*st.nkv*2*st.kd]
+		for h := 0; h < st.nkv; h++ {
+			mx, mn := b[h*2*st.kd:h*2*st.kd+st.kd], b[h*2*st.kd+st.kd:(h+1)*2*st.kd]
+			for j := range mx {
+				mx[j], mn[j] = float32(math.Inf(-1)), float32(math.Inf(1))
+			}
+		}
+		for slot := 0; slot < c.bs; slot++ {
+			c.layers[l].k.Get(id, slot, row)
 			for h := 0; h < st.nkv; h++ {
 				mx, mn := b[h*2*st.kd:h*2*st.kd+st.kd], b[h*2*st.kd+st.kd:(h+1)*2*st.kd]
-				for j := range mx {
-					mx[j], mn[j] = float32(math.Inf(-1)), float32(math.Inf(1))
-				}
-			}
-			for slot := 0; slot < c.bs; slot++ {
-				c.layers[l].k.Get(id, slot, row)
-				for h := 0; h < st.nkv; h++ {
-					mx, mn := b[h*2*st.kd:h*2*st.kd+st.kd], b[h*2*st.kd+st.kd:(h+1)*2*st.kd]
-					for j, v := range row[h*st.kd : (h+1)*st.kd] {
-						mx[j], mn[j] = max(mx[j], v), min(mn[j], v)
-					}
+				for j, v := range row[h*st.kd : (h+1)*st.kd] {
+					mx[j], mn[j] = max(mx[j], v), min(mn[j], v)
 				}
 			}
 		}

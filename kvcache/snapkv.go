@@ -58,7 +58,7 @@ func (*SnapKVPolicy) MaxBlocks(_, _ int) int { return 0 }
 // Lossy implements Lossy.
 func (*SnapKVPolicy) Lossy() bool { return true }
 
-func (p *SnapKVPolicy) beginStep() { p.m.beginStep() }
+func (p *SnapKVPolicy) beginStep(owns func(int32) bool) { p.m.beginStep(owns) }
 
 // ObserveScores implements ScoreObserver: the observation window's votes
 // for the positions before it.

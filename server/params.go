@@ -36,6 +36,10 @@ type commonParams struct {
 	// step when the server speculates: 0 turns speculation off for the
 	// request; absent leaves the server's --spec-tokens.
 	SpecTokens *int `json:"spec_tokens"`
+	// KVPolicy (Pagoda's extension) is the request's KV cache policy:
+	// "quest:budget=1024" or {"name": "quest", "budget": 1024}; "none" is
+	// full attention; absent leaves the server's --kv-policy.
+	KVPolicy json.RawMessage `json:"kv_policy"`
 }
 
 type streamOptions struct {
@@ -128,6 +132,11 @@ func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
 		}
 	}
 	r.Sampling = sp
+	pol, kerr := parseKVPolicy(p.KVPolicy)
+	if kerr != nil {
+		return nil, kerr
+	}
+	r.KVPolicy = pol
 	if p.SpecTokens != nil {
 		if *p.SpecTokens < 0 {
 			return nil, badRequest("spec_tokens", "spec_tokens must be >= 0 (0 turns speculation off), got %d", *p.SpecTokens)

@@ -15,6 +15,9 @@ func isQueueFull(err error) bool {
 // queues, so an error it does not name is taken as a problem with the
 // request (400), unlike an error event mid-generation (500).
 func submitError(err error) *apiError {
+	if ae := kvPolicyError(err); ae != nil {
+		return ae
+	}
 	switch {
 	case errors.Is(err, engine.ErrTooLong):
 		return &apiError{Status: http.StatusBadRequest, Message: err.Error(),
