@@ -12,7 +12,7 @@ import (
 	"pagoda/tokenizer"
 )
 
-const kvPolicyHelp = "KV-cache policy: full, streaming:sinks=4,window=256[,pos=shift,ctx=N], quest:budget=1024, h2o:heavy=0.1,recent=0.1, snapkv:capacity=1024 (streaming generates past the context)"
+const kvPolicyHelp = "KV-cache policy: full (or none), streaming:sinks=4,window=256[,pos=shift,ctx=N], quest:budget=1024, h2o:heavy=0.1,recent=0.1, snapkv:capacity=1024 (streaming generates past the context)"
 
 // kvPolicyFlag parses --kv-policy; apiCtx is the context length the API
 // enforces: 0 (the engine decides) when the policy lets generation run
