@@ -5,18 +5,46 @@ import (
 	"fmt"
 )
 
-// Attention over KV rows stored in ggml's q8_0 and q4_0 blocks, read in
-// place: each 32-element block is a little-endian f16 scale d followed by
-// 32 int8 (q8_0, x = d·q) or 16 bytes of nibbles (q4_0, element j in the
-// low nibble of byte j and element j+16 in its high nibble, x = d·(n−8)).
-// A row of n elements is n/32 consecutive blocks; rows sit stride bytes
-// apart. Nothing is expanded into a float copy of the cache.
+// Attention over KV rows stored in ggml's 32-element blocks, read in
+// place. Every block starts with a little-endian f16 scale d:
+//
+//	q8_0   (34 bytes): d, 32 int8 q; x = d·q
+//	q4_0   (18 bytes): d, 16 bytes of nibbles; x = d·(n−8)
+//	q4_1   (20 bytes): d, f16 min m, nibbles; x = d·n + m
+//	q5_0   (22 bytes): d, 32 high bits qh, nibbles; x = d·(n|h<<4 − 16)
+//	q5_1   (24 bytes): d, m, qh, nibbles; x = d·(n|h<<4) + m
+//	iq4_nl (18 bytes): d, nibbles; x = d·kvalues[n]
+//
+// Element j < 16 is the low nibble of code byte j, element j+16 its high
+// nibble; h of element e is bit e of qh. A row of n elements is n/32
+// consecutive blocks; rows sit stride bytes apart. Nothing is expanded
+// into a float copy of the cache.
 
 // Block sizes of the formats, in bytes per 32 elements.
 const (
-	Q8_0Bytes = 34
-	Q4_0Bytes = 18
+	Q8_0Bytes   = 34
+	Q4_0Bytes   = 18
+	Q4_1Bytes   = 20
+	Q5_0Bytes   = 22
+	Q5_1Bytes   = 24
+	IQ4_NLBytes = 18
 )
+
+// blockFmt names a block format (Q4_0 and IQ4_NL share a size).
+type blockFmt uint8
+
+const (
+	fmtQ8_0 blockFmt = iota
+	fmtQ4_0
+	fmtQ4_1
+	fmtQ5_0
+	fmtQ5_1
+	fmtIQ4_NL
+)
+
+var blockFmtBytes = [...]int{Q8_0Bytes, Q4_0Bytes, Q4_1Bytes, Q5_0Bytes, Q5_1Bytes, IQ4_NLBytes}
+
+var blockFmtNames = [...]string{"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"}
 
 // BlockAttn is the scoring and mixing kernel pair of one block format:
 // Scores sets s[t] = q·row_t for t < len(s), Mix adds Σ_t w[t]·row_t to
@@ -27,10 +55,22 @@ type BlockAttn struct {
 }
 
 // AttnQ8_0 is o's kernel pair over q8_0 rows.
-func (o *Ops) AttnQ8_0() BlockAttn { return blockAttnFor(o.name, Q8_0Bytes) }
+func (o *Ops) AttnQ8_0() BlockAttn { return blockAttnFor(o.name, fmtQ8_0) }
 
 // AttnQ4_0 is o's kernel pair over q4_0 rows.
-func (o *Ops) AttnQ4_0() BlockAttn { return blockAttnFor(o.name, Q4_0Bytes) }
+func (o *Ops) AttnQ4_0() BlockAttn { return blockAttnFor(o.name, fmtQ4_0) }
+
+// AttnQ4_1 is o's kernel pair over q4_1 rows.
+func (o *Ops) AttnQ4_1() BlockAttn { return blockAttnFor(o.name, fmtQ4_1) }
+
+// AttnQ5_0 is o's kernel pair over q5_0 rows.
+func (o *Ops) AttnQ5_0() BlockAttn { return blockAttnFor(o.name, fmtQ5_0) }
+
+// AttnQ5_1 is o's kernel pair over q5_1 rows.
+func (o *Ops) AttnQ5_1() BlockAttn { return blockAttnFor(o.name, fmtQ5_1) }
+
+// AttnIQ4_NL is o's kernel pair over iq4_nl rows.
+func (o *Ops) AttnIQ4_NL() BlockAttn { return blockAttnFor(o.name, fmtIQ4_NL) }
 
 // checkBlockRows panics on a row layout the kernels would read past.
 func checkBlockRows(name string, n, elems, bytes, stride, bb int) {
@@ -42,10 +82,28 @@ func checkBlockRows(name string, n, elems, bytes, stride, bb int) {
 	}
 }
 
+// blockAttnRef is the reference pair of the format of bb bytes a block
+// (q8_0 or q4_0).
 func blockAttnRef(bb int) BlockAttn {
-	dot, axpy := DotQ8_0Ref, AxpyQ8_0Ref
-	if bb == Q4_0Bytes {
+	if bb == Q8_0Bytes {
+		return blockRef(fmtQ8_0)
+	}
+	return blockRef(fmtQ4_0)
+}
+
+// blockRef is the plain Go pair of format f.
+func blockRef(f blockFmt) BlockAttn {
+	bb := blockFmtBytes[f]
+	var dot func(q []float32, k []byte) float32
+	var axpy func(out []float32, a float32, v []byte)
+	switch f {
+	case fmtQ8_0:
+		dot, axpy = DotQ8_0Ref, AxpyQ8_0Ref
+	case fmtQ4_0:
 		dot, axpy = DotQ4_0Ref, AxpyQ4_0Ref
+	default:
+		dot = func(q []float32, k []byte) float32 { return dotBlocksRef(f, q, k) }
+		axpy = func(out []float32, a float32, v []byte) { axpyBlocksRef(f, out, a, v) }
 	}
 	return BlockAttn{Scores: blockDotRows("Scores", bb, dot), Mix: blockAxpyRows("Mix", bb, axpy)}
 }
@@ -122,6 +180,70 @@ func AxpyQ4_0Ref(out []float32, a float32, v []byte) {
 		for j, x := range blk[2:] {
 			ob[j] += ad * float32(int32(x&15)-8)
 			ob[j+16] += ad * float32(int32(x>>4)-8)
+		}
+	}
+}
+
+// kvaluesIQ4NL is ggml's iq4_nl codebook.
+var kvaluesIQ4NL = [16]int8{-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113}
+
+// decodeBlock expands one block of format f (q4_1, q5_0, q5_1, iq4_nl)
+// into x, as ggml dequantizes it.
+func decodeBlock(f blockFmt, blk []byte, x *[32]float32) {
+	d := f16ToF32(binary.LittleEndian.Uint16(blk))
+	var m float32
+	var qh uint32
+	qs := blk[2:18]
+	switch f {
+	case fmtQ4_1:
+		m, qs = f16ToF32(binary.LittleEndian.Uint16(blk[2:])), blk[4:20]
+	case fmtQ5_0:
+		qh, qs = binary.LittleEndian.Uint32(blk[2:]), blk[6:22]
+	case fmtQ5_1:
+		m = f16ToF32(binary.LittleEndian.Uint16(blk[2:]))
+		qh, qs = binary.LittleEndian.Uint32(blk[4:]), blk[8:24]
+	}
+	for j, c := range qs {
+		lo, hi := int32(c&15), int32(c>>4)
+		switch f {
+		case fmtIQ4_NL:
+			x[j] = d * float32(kvaluesIQ4NL[lo])
+			x[j+16] = d * float32(kvaluesIQ4NL[hi])
+		case fmtQ4_1:
+			x[j] = float32(lo)*d + m
+			x[j+16] = float32(hi)*d + m
+		case fmtQ5_0:
+			x[j] = float32(lo|int32(qh>>j&1)<<4-16) * d
+			x[j+16] = float32(hi|int32(qh>>(j+16)&1)<<4-16) * d
+		case fmtQ5_1:
+			x[j] = float32(lo|int32(qh>>j&1)<<4)*d + m
+			x[j+16] = float32(hi|int32(qh>>(j+16)&1)<<4)*d + m
+		}
+	}
+}
+
+// dotBlocksRef is Σ q[i]·x[i] for x the blocks k of format f.
+func dotBlocksRef(f blockFmt, q []float32, k []byte) float32 {
+	bb := blockFmtBytes[f]
+	var x [32]float32
+	var s float32
+	for b := 0; b*32 < len(q); b++ {
+		decodeBlock(f, k[b*bb:(b+1)*bb], &x)
+		for j, v := range x {
+			s += q[b*32+j] * v
+		}
+	}
+	return s
+}
+
+// axpyBlocksRef adds a·x to out for x the blocks v of format f.
+func axpyBlocksRef(f blockFmt, out []float32, a float32, v []byte) {
+	bb := blockFmtBytes[f]
+	var x [32]float32
+	for b := 0; b*32 < len(out); b++ {
+		decodeBlock(f, v[b*bb:(b+1)*bb], &x)
+		for j, e := range x {
+			out[b*32+j] += a * e
 		}
 	}
 }

@@ -2,49 +2,17 @@
 
 package kernels
 
-// The assembly in kvquant_amd64.s: n rows of nb blocks, stride bytes apart.
-// a is s (scores) or w (mix), b is q (scores) or out (mix).
-
-//go:noescape
-func scoresQ80AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func mixQ80AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func scoresQ40AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func mixQ40AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func scoresQ80AVX2(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func mixQ80AVX2(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func scoresQ40AVX2(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func mixQ40AVX2(a, b *float32, k *byte, n, nb, stride int)
+// The assembly is kvquant_amd64.s, written by gen_kvquant.go with its
+// declarations in kvquant_stubs_amd64.go.
 
 // blockAttnFor picks the assembly of the named instruction set, checked
 // like the references so a bad layout panics rather than reads wild.
-func blockAttnFor(isa string, bb int) BlockAttn {
-	var scores, mix func(a, b *float32, k *byte, n, nb, stride int)
-	switch {
-	case isa == "avx512" && bb == Q8_0Bytes:
-		scores, mix = scoresQ80AVX512, mixQ80AVX512
-	case isa == "avx512" && bb == Q4_0Bytes:
-		scores, mix = scoresQ40AVX512, mixQ40AVX512
-	case isa == "avx2" && bb == Q8_0Bytes:
-		scores, mix = scoresQ80AVX2, mixQ80AVX2
-	case isa == "avx2" && bb == Q4_0Bytes:
-		scores, mix = scoresQ40AVX2, mixQ40AVX2
-	default:
-		return blockAttnRef(bb)
+func blockAttnFor(isa string, f blockFmt) BlockAttn {
+	scores, mix := blockAsm(isa, f)
+	if scores == nil {
+		return blockRef(f)
 	}
+	bb := blockFmtBytes[f]
 	return BlockAttn{
 		Scores: func(s, q []float32, k []byte, stride int) {
 			checkBlockRows("Scores", len(s), len(q), len(k), stride, bb)
@@ -67,28 +35,13 @@ func blockAttnFor(isa string, bb int) BlockAttn {
 	}
 }
 
-//go:noescape
-func scoresPlanes4AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func scoresPlanes2AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func mixPlanes4AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-//go:noescape
-func mixPlanes2AVX512(a, b *float32, k *byte, n, nb, stride int)
-
-// planeAttnFor picks the AVX-512 plane kernels for rows of whole 16-byte
-// chunks, and the references otherwise.
+// planeAttnFor picks the AVX-512 or AVX2 plane kernels for rows of whole
+// 16-byte chunks, and the references otherwise.
 func planeAttnFor(isa string, bits int) PlaneAttn {
 	ref := planeAttnRef(bits)
-	if isa != "avx512" {
+	scores, mix := planeAsm(isa, bits)
+	if scores == nil {
 		return ref
-	}
-	scores, mix := scoresPlanes4AVX512, mixPlanes4AVX512
-	if bits == 2 {
-		scores, mix = scoresPlanes2AVX512, mixPlanes2AVX512
 	}
 	return PlaneAttn{
 		Scores: func(s, planes []float32, codes []byte, stride int) {

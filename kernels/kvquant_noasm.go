@@ -2,6 +2,6 @@
 
 package kernels
 
-func blockAttnFor(isa string, bb int) BlockAttn { return blockAttnRef(bb) }
+func blockAttnFor(isa string, f blockFmt) BlockAttn { return blockRef(f) }
 
 func planeAttnFor(isa string, bits int) PlaneAttn { return planeAttnRef(bits) }

@@ -49,7 +49,7 @@ func benchQ(n int) []float32 {
 // included), per KV format.
 func BenchmarkAttendDecode(b *testing.B) {
 	for _, sc := range []struct{ seqs, ctx int }{{8, 512}, {2, 1024}, {2, 4096}} {
-		for _, f := range []Format{F16, Q8_0, Q4_0, DefaultKIVI(4), DefaultKIVI(2)} {
+		for _, f := range []Format{F16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, DefaultKIVI(4), DefaultKIVI(2)} {
 			b.Run(fmt.Sprintf("%s/ctx%d", f, sc.ctx), func(b *testing.B) { benchDecode(b, f, sc.seqs, sc.ctx) })
 		}
 	}

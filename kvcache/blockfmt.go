@@ -4,7 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"strings"
-	"sync"
 
 	"pagoda/kernels"
 	"pagoda/quant"
@@ -86,8 +85,14 @@ func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
 		p.attn = ops.AttnQ8_0()
 	case Q4_0:
 		p.attn = ops.AttnQ4_0()
-	default:
-		p.attn = dequantAttn(p.t, ops)
+	case Q4_1:
+		p.attn = ops.AttnQ4_1()
+	case Q5_0:
+		p.attn = ops.AttnQ5_0()
+	case Q5_1:
+		p.attn = ops.AttnQ5_1()
+	case IQ4_NL:
+		p.attn = ops.AttnIQ4_NL()
 	}
 	return p
 }
@@ -117,8 +122,8 @@ func ParseFormat(s string) (Format, error) {
 }
 
 // blockPages stores rows as ggml blocks. Scores and Mix read the blocks
-// in place with the fused kernels of package kernels (int8 or nibbles
-// times the query, one scale per block), never expanding a row to floats.
+// in place with the fused kernels of package kernels (codes times the
+// query, one scale and min per block), never expanding a row to floats.
 type blockPages struct {
 	t                              quant.Type
 	dim                            int
@@ -188,48 +193,4 @@ func (p *blockPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 
 func (p *blockPages) CopyPage(dst, src int) {
 	copy(p.data[dst*p.pageBytes:(dst+1)*p.pageBytes], p.data[src*p.pageBytes:(src+1)*p.pageBytes])
-}
-
-// dequantAttn scores and mixes rows of a block format without a fused
-// kernel (q4_1, q5_0, q5_1, iq4_nl): one row at a time is expanded into
-// a stack buffer and run through the float kernels — never the page.
-func dequantAttn(t quant.Type, ops *kernels.Ops) kernels.BlockAttn {
-	ts := t.TypeSize()
-	// A row buffer from a pool: the kernels are called through function
-	// values, so a stack buffer would escape to the heap on every call.
-	var pool sync.Pool
-	row := func(n int) *[]float32 {
-		b, _ := pool.Get().(*[]float32)
-		if b == nil || cap(*b) < n {
-			s := make([]float32, n)
-			b = &s
-		}
-		*b = (*b)[:n]
-		return b
-	}
-	deq := func(b []byte, x []float32) {
-		if err := quant.Dequantize(t, b, x); err != nil {
-			panic(err)
-		}
-	}
-	return kernels.BlockAttn{
-		Scores: func(s, q []float32, k []byte, stride int) {
-			b := row(len(q))
-			defer pool.Put(b)
-			x, rb := *b, len(q)/qk*ts
-			for i := range s {
-				deq(k[i*stride:i*stride+rb], x)
-				s[i] = ops.DotF32(q, x)
-			}
-		},
-		Mix: func(out, w []float32, v []byte, stride int) {
-			b := row(len(out))
-			defer pool.Put(b)
-			x, rb := *b, len(out)/qk*ts
-			for i, a := range w {
-				deq(v[i*stride:i*stride+rb], x)
-				ops.AxpyF32(out, a, x)
-			}
-		},
-	}
 }

@@ -80,8 +80,8 @@ func TestBlockFormatNaN(t *testing.T) {
 	}
 }
 
-// TestBlockFormatAttention: attention through the cache with q8_0 and
-// q4_0 K/V, read in place by every instruction set's fused kernels,
+// TestBlockFormatAttention: attention through the cache with K/V in every
+// block format, read in place by every instruction set's fused kernels,
 // matches float64 attention over the dequantized rows tightly; against
 // the f32 originals the quantization error is reported.
 func TestBlockFormatAttention(t *testing.T) {
