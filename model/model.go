@@ -75,11 +75,12 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	// A matrix the kernels now read only in its packed form gives its
 	// file pages back as soon as it is packed, so the load never holds
 	// the file and its repacked copy at once: resident memory peaks near
-	// the packed weights plus one tensor. The embeddings stay (Forward
-	// looks rows up in them).
+	// the packed weights plus one tensor. A tied embedding, packed as the
+	// output, is released too: Forward's row look-ups fault back only the
+	// rows it reads.
 	rel, _ := src.(releaser)
 	release := func(mat *kernels.Matrix) {
-		if rel != nil && mat != w.Embd && m.ops.PackedOnly(mat) {
+		if rel != nil && m.ops.PackedOnly(mat) {
 			rel.release(mat.Data)
 		}
 	}
