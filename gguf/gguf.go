@@ -158,6 +158,9 @@ type File struct {
 	kvIndex     map[string]int
 	tensorIndex map[string]*TensorInfo
 	unmap       func() error
+	// mapped is the file's mapping when Open made one (Release advises
+	// it); nil for Parse.
+	mapped []byte
 }
 
 // Close releases the file mapping; tensor Data slices must not be used
@@ -167,7 +170,7 @@ func (f *File) Close() error {
 		return nil
 	}
 	u := f.unmap
-	f.unmap = nil
+	f.unmap, f.mapped = nil, nil
 	return u()
 }
 

@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/bits"
 	"os"
+	"unsafe"
 
 	"pagoda/mmapfile"
 	"pagoda/quant"
@@ -51,6 +52,9 @@ func Open(path string) (*File, error) {
 		return nil, fmt.Errorf("gguf: %s: %w", path, err)
 	}
 	f.unmap = unmap
+	f.mapped = b
+	// The metadata is decoded into Go values: its pages need not stay.
+	f.Release(b[:min(f.DataOffset, size)])
 	return f, nil
 }
 
@@ -516,4 +520,21 @@ func decodeFixedArray(t ValueType, p []byte, n int) any {
 		return a
 	}
 	return nil
+}
+
+// Release lets the resident pages under b, a tensor's Data from this file,
+// go once the caller has copied what it needs from them (Linux; elsewhere
+// a no-op). b stays readable: its pages come back from the file (usually
+// the page cache) if read again. Bytes outside the file's mapping, or a
+// File from Parse, are left alone.
+func (f *File) Release(b []byte) {
+	if len(b) == 0 || len(f.mapped) == 0 {
+		return
+	}
+	base := uintptr(unsafe.Pointer(&f.mapped[0]))
+	p := uintptr(unsafe.Pointer(&b[0]))
+	if p < base || p+uintptr(len(b)) > base+uintptr(len(f.mapped)) {
+		return
+	}
+	mmapfile.Release(b)
 }

@@ -2,6 +2,10 @@
 
 package kernels
 
-func allocWeights(n int) []byte { return make([]byte, n) }
+// weightMem owns an allocation of packed weights; elsewhere than Linux
+// they live in the Go heap and it owns nothing.
+type weightMem struct{}
+
+func allocWeights(n int) ([]byte, *weightMem) { return make([]byte, n), nil }
 
 func settleWeights([]byte) {}

@@ -3,6 +3,7 @@ package kernels
 import (
 	"encoding/binary"
 	"math"
+	"sync/atomic"
 
 	"pagoda/quant"
 )
@@ -75,6 +76,9 @@ type packed struct {
 	// packQ8C, is s·(128 − z) per row and block: the product adds
 	// Σ_b zfix·dx·Σq to each output (gptq.go).
 	zfix *Matrix
+	// mem owns data when it lies outside the Go heap (allocWeights): it
+	// is released once no packed layout holds it.
+	mem *weightMem
 }
 
 // tileBytes is the size of one (16-row group, block) tile.
@@ -119,6 +123,22 @@ var le = binary.LittleEndian
 // pack builds m's packed layout for the AVX-512 or (avx2) the AVX2 kernels,
 // or noPack when the type has none.
 func pack(p *Pool, m *Matrix, avx2 bool) *packed {
+	pk := planPack(m, avx2)
+	if pk == noPack {
+		return noPack
+	}
+	pk.data, pk.mem = allocWeights(pk.size())
+	fillPack(p, m, pk)
+	settleWeights(pk.data)
+	return pk
+}
+
+// size is the packed layout's length in bytes.
+func (pk *packed) size() int { return pk.groups * pk.groupBytes }
+
+// planPack describes m's packed layout, without its bytes, or returns
+// noPack when the type has none.
+func planPack(m *Matrix, avx2 bool) *packed {
 	var pk packed
 	switch m.Type {
 	case quant.Q8_0:
@@ -164,7 +184,12 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 	pk.groups = (m.Rows + 15) / 16
 	pk.nb = m.Cols / pk.block
 	pk.groupBytes = pk.nb * pk.kind.tileBytes()
-	pk.data = allocWeights(pk.groups * pk.groupBytes)
+	return &pk
+}
+
+// fillPack writes m's rows into pk.data (pk from planPack, data zeroed and
+// pk.size() bytes long), across the pool.
+func fillPack(p *Pool, m *Matrix, pk *packed) {
 	p.For(pk.groups, 4, func(lo, hi int) {
 		var dec *smRow
 		if pk.kind == packSM16 || pk.kind == packQ4SM || pk.kind == packQ8S16 {
@@ -208,11 +233,21 @@ func pack(p *Pool, m *Matrix, avx2 bool) *packed {
 			}
 		}
 	})
-	settleWeights(pk.data)
 	if m.Type == quant.GQ8 && !gqZerosAll(m, 128) {
 		pk.zfix = gqZeroFix(m)
 	}
-	return &pk
+}
+
+// PackedOnly reports whether o's matrix products read m only through a
+// packed layout already built (by Prepack or PrepackStack), never m.Data:
+// a loader may then let the pages under m.Data go (they are read again,
+// from the file, should anything still want them).
+func (o *Ops) PackedOnly(m *Matrix) bool {
+	if !o.packed {
+		return false
+	}
+	p := atomic.LoadPointer(&m.pk[packSlot(o.avx2)])
+	return p != nil && (*packed)(p) != noPack
 }
 
 func packRowQ8C(dst, src []byte, r, nb int) {

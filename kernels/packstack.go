@@ -17,6 +17,8 @@ func (o *Ops) PrepackStack(p *Pool, ms []*Matrix) {
 		return
 	}
 	slot := packSlot(o.avx2)
+	// Plan every layout first and pack each straight into its place in
+	// the shared allocation: no matrix is packed twice or copied.
 	pks := make([]*packed, len(ms))
 	total := 0
 	for i, m := range ms {
@@ -24,22 +26,22 @@ func (o *Ops) PrepackStack(p *Pool, ms []*Matrix) {
 			continue
 		}
 		m.mustValid()
-		pks[i] = pack(p, m, o.avx2)
+		pks[i] = planPack(m, o.avx2)
 		if pks[i] != noPack {
-			total += align64(len(pks[i].data))
+			total += align64(pks[i].size())
 		}
 	}
-	buf := allocWeights(total)
+	buf, mem := allocWeights(total)
 	off := 0
 	for i, pk := range pks {
 		if pk == nil {
 			continue
 		}
 		if pk != noPack {
-			n := len(pk.data)
-			copy(buf[off:off+n], pk.data)
-			pk.data = buf[off : off+n : off+n]
+			n := pk.size()
+			pk.data, pk.mem = buf[off:off+n:off+n], mem
 			off += align64(n)
+			fillPack(p, ms[i], pk)
 		}
 		atomic.StorePointer(&ms[i].pk[slot], unsafe.Pointer(pk))
 	}

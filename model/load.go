@@ -134,6 +134,8 @@ func (s ggufSource) tensor(name string) (*rawTensor, bool) {
 	return &rawTensor{Type: t.Type, Dims: t.Dims, Data: t.Data}, true
 }
 
+func (s ggufSource) release(b []byte) { s.f.Release(b) }
+
 func configFromGGUF(f *gguf.File) (*Config, error) {
 	arch, ok := f.String("general.architecture")
 	if !ok {

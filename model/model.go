@@ -71,15 +71,32 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	// pay for it (the plain Go set packs nothing). Stacks (a layer's
 	// experts, MLA's per-head matrices) share one allocation each, so that
 	// matrices too small for huge pages alone get them together.
+	//
+	// A matrix the kernels now read only in its packed form gives its
+	// file pages back as soon as it is packed, so the load never holds
+	// the file and its repacked copy at once: resident memory peaks near
+	// the packed weights plus one tensor. A tied embedding, packed as the
+	// output, is released too: Forward's row look-ups fault back only the
+	// rows it reads.
+	rel, _ := src.(releaser)
+	release := func(mat *kernels.Matrix) {
+		if rel != nil && m.ops.PackedOnly(mat) {
+			rel.release(mat.Data)
+		}
+	}
 	for _, l := range w.Layers {
 		for _, st := range [][]*kernels.Matrix{l.GateExps, l.UpExps, l.DownExps, l.KB, l.VB} {
 			m.ops.PrepackStack(m.pool, st)
+			for _, mat := range st {
+				release(mat)
+			}
 		}
 	}
 	mats := w.Matrices()
 	for i, mat := range mats {
 		if mat != w.Embd || c.TiedOutput {
 			m.ops.Prepack(m.pool, mat)
+			release(mat)
 		}
 		if o.Progress != nil {
 			o.Progress(i+1, len(mats))

@@ -52,6 +52,12 @@ type source interface {
 	tensor(name string) (*rawTensor, bool)
 }
 
+// releaser is a source whose tensor bytes are a file mapping that can give
+// back its resident pages (GGUF): the loader calls release on a matrix's
+// Data once the kernels have repacked it and read only the copy, so the
+// file's bytes are not resident next to their repacked form.
+type releaser interface{ release(data []byte) }
+
 // Layer holds one transformer block's weights. A part's fields are nil
 // when the architecture does not have them (Gate in a non-gated FFN).
 type Layer struct {

@@ -8,6 +8,7 @@ import (
 
 	"pagoda/model"
 	"pagoda/progress"
+	"pagoda/speed"
 )
 
 // stderrIsTerminal decides between a redrawn progress line and plain log
@@ -74,6 +75,11 @@ func openModel(path string, o model.Options) (*model.Model, error) {
 		b.Update(int64(done))
 	}
 	m, err := model.Open(path, o)
-	b.FinishWith(err, sizeSummary("loaded", filepath.Base(path), n, "matrices", fileSize(path), b.Elapsed()))
+	sum := sizeSummary("loaded", filepath.Base(path), n, "matrices", fileSize(path), b.Elapsed())
+	if mem, ok := speed.ReadMemory(); ok && err == nil {
+		// Load stats: what the load left resident and its peak.
+		sum += "; " + mem.String()
+	}
+	b.FinishWith(err, sum)
 	return m, err
 }
