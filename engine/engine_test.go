@@ -648,7 +648,17 @@ func TestCancelFreesBlocks(t *testing.T) {
 	cfg := fakeConfig()
 	cfg.KVBlocks = 64
 	cfg.DisablePrefixCache = true
-	e := startEngine(t, &fakeModel{check: true}, cfg)
+	// Every pass after the first waits for the gate, so the request is
+	// still running when its blocks are counted, however slow the machine.
+	gm := &gatedModel{fakeModel: fakeModel{check: true}, gate: make(chan struct{})}
+	var open sync.Once
+	release := func() { open.Do(func() { close(gm.gate) }) }
+	e, err := New(gm, newFakeTok(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start()
+	t.Cleanup(func() { release(); e.Stop(context.Background()) })
 	ctx, cancel := context.WithCancel(context.Background())
 	ch, err := e.Submit(ctx, &Request{Prompt: []int32{4, 5, 6}, IgnoreEOS: true, N: 2})
 	if err != nil {
@@ -665,6 +675,7 @@ func TestCancelFreesBlocks(t *testing.T) {
 		t.Fatal("running request holds no blocks")
 	}
 	cancel()
+	release()
 	for range ch { // closes promptly
 	}
 	deadline := time.Now().Add(5 * time.Second)
