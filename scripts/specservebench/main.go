@@ -8,7 +8,7 @@
 // plain's, and what the speculation controller chose (its
 // pagoda:spec_ctl_* metrics after the run).
 //
-//	go run ./scripts/specservebench                  # stories260K, 3 reps, ~2-6 min
+//	go run ./scripts/specservebench                  # stories260K, 3 reps: a few minutes on a quiet machine
 //	go run ./scripts/specservebench -setups plain,ngram,ngram-nocontrol -reps 5
 package main
 
