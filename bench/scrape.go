@@ -108,6 +108,10 @@ func (r *Result) serverExtras(before, after map[string]float64) {
 			name == "vllm:num_preemptions_total":
 			d, _ := delta(name)
 			m[name] = d
+		case strings.HasPrefix(name, "pagoda:spec_ctl_") && strings.HasSuffix(name, "_total"):
+			// The speculation controller's measured steps by arm.
+			d, _ := delta(name)
+			m[name] = d
 		case strings.HasPrefix(name, "pagoda:kv_"):
 			if strings.HasSuffix(name, "_total") {
 				d, _ := delta(name)

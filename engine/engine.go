@@ -174,6 +174,9 @@ type Engine struct {
 	// accept is the acceptance test, spec.Accept; the tests swap in a
 	// wrong one to show that the exactness test can fail.
 	accept func(p, q []float32, x int32, u float64) bool
+
+	// ctl decides whether to speculate at all (nil: always; specctl.go).
+	ctl *specCtl
 }
 
 type request struct {

@@ -27,6 +27,16 @@ type metrics struct {
 	specDrafts, specDraftTokens, specAccepted prometheus.Counter
 	specAcceptedPerPos                        *prometheus.CounterVec
 	specPos                                   []prometheus.Counter // specAcceptedPerPos by position
+
+	// The speculation controller (specctl.go), Pagoda's own: the arm it
+	// exploits per load bucket (1 = speculate), its running estimate of
+	// each arm's realised output tokens/s there, and the steps it measured
+	// by arm, probe windows among them.
+	specCtlArmVec, specCtlRateVec *prometheus.GaugeVec
+	specCtlArm                    [ctlBuckets]prometheus.Gauge
+	specCtlRate                   [ctlBuckets][2]prometheus.Gauge
+	specCtlSteps                  [2]prometheus.Counter
+	specCtlProbes                 prometheus.Counter
 }
 
 // abortLabel is vLLM's finished_reason for a request that was cancelled
@@ -79,6 +89,22 @@ func newMetrics(reg *prometheus.Registry, modelName string, speculate bool, spec
 	for i := range specTokens {
 		m.specPos = append(m.specPos, m.specAcceptedPerPos.WithLabelValues(fmt.Sprint(i)))
 	}
+	m.specCtlArmVec = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pagoda:spec_ctl_arm", Help: "Speculation controller: the arm exploited at this load (decoding sequences per step), 1 = speculate, 0 = plain.", ConstLabels: cl,
+	}, []string{"batch"})
+	m.specCtlRateVec = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pagoda:spec_ctl_tokens_per_second", Help: "Speculation controller: estimated output tokens per wall-clock second of whole engine iterations, by load and arm.", ConstLabels: cl,
+	}, []string{"batch", "arm"})
+	for i := range ctlBuckets {
+		m.specCtlArm[i] = m.specCtlArmVec.WithLabelValues(ctlBucketName(i))
+		m.specCtlArm[i].Set(armSpec) // without the controller, speculation is always on
+		for a := range 2 {
+			m.specCtlRate[i][a] = m.specCtlRateVec.WithLabelValues(ctlBucketName(i), armNames[a])
+		}
+	}
+	m.specCtlSteps[armPlain] = c("pagoda:spec_ctl_plain_steps_total", "Speculation controller: measured steps run without speculation.")
+	m.specCtlSteps[armSpec] = c("pagoda:spec_ctl_spec_steps_total", "Speculation controller: measured steps run with speculation.")
+	m.specCtlProbes = c("pagoda:spec_ctl_probe_steps_total", "Speculation controller: measured steps of probe windows (the arm not exploited).")
 	if reg == nil {
 		return m, nil
 	}
@@ -86,7 +112,8 @@ func newMetrics(reg *prometheus.Registry, modelName string, speculate bool, spec
 		m.prefixQueries, m.prefixHits, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e,
 		m.slotsFilled, m.slotsReserved, m.wasteRatio, m.blocks}
 	if speculate {
-		cols = append(cols, m.specDrafts, m.specDraftTokens, m.specAccepted, m.specAcceptedPerPos)
+		cols = append(cols, m.specDrafts, m.specDraftTokens, m.specAccepted, m.specAcceptedPerPos,
+			m.specCtlArmVec, m.specCtlRateVec, m.specCtlSteps[armPlain], m.specCtlSteps[armSpec], m.specCtlProbes)
 	}
 	for _, col := range cols {
 		if err := reg.Register(col); err != nil {

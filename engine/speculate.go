@@ -19,6 +19,10 @@ type SpecConfig struct {
 	// Fixed always proposes Tokens: no per-request adaptation and no cost
 	// model deciding when speculation pays (for measurements).
 	Fixed bool
+	// Control tunes the controller that turns speculation on or off by
+	// the throughput each realises at the current load (specctl.go); it
+	// is off when Fixed.
+	Control SpecControl
 }
 
 // DefaultSpecTokens is SpecConfig.Tokens when 0.
@@ -98,6 +102,18 @@ func (e *Engine) propose() {
 			s.spec = &seqSpec{}
 		}
 		cands = append(cands, draftCand{seq: s, max: max, alpha: s.spec.acc.Rate()})
+	}
+	if e.ctl == nil && !e.cfg.Spec.Fixed && !e.cfg.Spec.Control.Off {
+		e.ctl = newSpecCtl(e.cfg.Spec.Control)
+	}
+	if e.ctl != nil {
+		n, mixed := sc.load()
+		if len(cands) == 0 {
+			n = 0 // nothing to decide: not measured
+		}
+		if e.ctlBegin(n, mixed) == armPlain {
+			return
+		}
 	}
 	if len(cands) == 0 {
 		return

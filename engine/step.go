@@ -39,6 +39,7 @@ func (e *Engine) step() bool {
 	}
 	e.sch.Update(p, e.sampleStep(p, logits))
 	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
+	e.ctlEnd()
 	return true
 }
 

@@ -22,6 +22,7 @@ type specFlags struct {
 	pmin               float64
 	ngramMin, ngramMax int
 	fixed              bool
+	control            bool
 }
 
 func (f *specFlags) register(fs *flag.FlagSet) {
@@ -33,6 +34,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.ngramMin, "spec-ngram-min", 2, "ngram: shortest suffix matched")
 	fs.IntVar(&f.ngramMax, "spec-ngram-max", 4, "ngram: longest suffix matched")
 	fs.BoolVar(&f.fixed, "spec-fixed", false, "always draft --spec-tokens (no adaptive length, no cost model deciding when it pays)")
+	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured by alternating (false: the cost model alone decides)")
 }
 
 var specLimits = []limit{{"spec-tokens", 1, 64}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}
@@ -80,6 +82,7 @@ func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConf
 		return cfg, close, fmt.Errorf("--spec-method %q: want ngram or draft", method)
 	}
 	cfg.Method, cfg.Tokens, cfg.Fixed = method, f.tokens, f.fixed
+	cfg.Control.Off = !f.control
 	return cfg, close, nil
 }
 

@@ -1,0 +1,323 @@
+// Command specservebench measures speculative decoding where it is
+// served: `pagoda serve` with and without --spec-method ngram, driven by
+// `pagoda bench serve` (random prompts, greedy) at 1 and 8 requests in
+// flight. Every repetition runs each setup once, in an order that rotates
+// from one repetition to the next, on a fresh server, so drift in the
+// machine's state hits every setup alike. It prints output tokens/s as the
+// median [min–max] over repetitions, the ratio of each setup's median to
+// plain's, and what the speculation controller chose (its
+// pagoda:spec_ctl_* metrics after the run).
+//
+//	go run ./scripts/specservebench                  # stories260K, 3 reps: a few minutes on a quiet machine
+//	go run ./scripts/specservebench -setups plain,ngram,ngram-nocontrol -reps 5
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// setups are the server configurations by name: extra `pagoda serve` flags.
+var setups = map[string][]string{
+	"plain":           nil,
+	"ngram":           {"--spec-method", "ngram"},
+	"ngram-nocontrol": {"--spec-method", "ngram", "--spec-control=false"},
+}
+
+func main() {
+	if err := run(os.Args[1:]); err != nil {
+		fmt.Fprintln(os.Stderr, "specservebench:", err)
+		os.Exit(1)
+	}
+}
+
+type key struct {
+	setup string
+	conc  int
+}
+
+func run(args []string) error {
+	fs := flag.NewFlagSet("specservebench", flag.ContinueOnError)
+	bin := fs.String("pagoda", "", "pagoda binary (default: built from this checkout)")
+	model := fs.String("m", "", "model for pagoda serve -m (default: its built-in stories260K)")
+	names := fs.String("setups", "plain,ngram", "setups, comma separated: "+strings.Join(slices.Sorted(maps.Keys(setups)), ", "))
+	concs := fs.String("concurrency", "1,8", "requests in flight, comma separated")
+	reps := fs.Int("reps", 3, "repetitions of every setup at every concurrency")
+	prompts := fs.Int("num-prompts", 32, "requests per run")
+	inLen := fs.Int("input-len", 32, "prompt tokens")
+	outLen := fs.Int("output-len", 128, "tokens generated per request")
+	vocab := fs.Int("vocab-size", 512, "random prompt ids below this")
+	minID := fs.Int("min-token-id", 3, "random prompt ids from this up")
+	threads := fs.Int("threads", 0, "pagoda serve --threads (0 = its default)")
+	serveArgs := fs.String("serve-args", "", "more pagoda serve flags, space separated")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	var order []string
+	for _, n := range strings.Split(*names, ",") {
+		if _, ok := setups[n]; !ok {
+			return fmt.Errorf("unknown setup %q", n)
+		}
+		order = append(order, n)
+	}
+	var cs []int
+	for _, c := range strings.Split(*concs, ",") {
+		n, err := strconv.Atoi(c)
+		if err != nil || n < 1 {
+			return fmt.Errorf("bad concurrency %q", c)
+		}
+		cs = append(cs, n)
+	}
+	tmp, err := os.MkdirTemp("", "specservebench")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(tmp)
+	if *bin == "" {
+		*bin = filepath.Join(tmp, "pagoda")
+		b := exec.Command("go", "build", "-o", *bin, "./cmd/pagoda")
+		b.Stdout, b.Stderr = os.Stderr, os.Stderr
+		if err := b.Run(); err != nil {
+			return fmt.Errorf("building pagoda: %w", err)
+		}
+	}
+	tps := map[key][]float64{}
+	ctl := map[key][]string{}
+	start := time.Now()
+	for rep := range *reps {
+		for ci, conc := range cs {
+			for i := range order {
+				name := order[(i+rep+ci)%len(order)]
+				extra := slices.Clone(setups[name])
+				if *model != "" {
+					extra = append(extra, "-m", *model)
+				}
+				if *threads > 0 {
+					extra = append(extra, "--threads", strconv.Itoa(*threads))
+				}
+				extra = append(extra, strings.Fields(*serveArgs)...)
+				bench := []string{"-num-prompts", strconv.Itoa(*prompts), "-max-concurrency", strconv.Itoa(conc),
+					"-input-len", strconv.Itoa(*inLen), "-output-len", strconv.Itoa(*outLen),
+					"-vocab-size", strconv.Itoa(*vocab), "-min-token-id", strconv.Itoa(*minID), "-temperature", "0"}
+				tp, state, err := once(*bin, tmp, extra, bench)
+				if err != nil {
+					return fmt.Errorf("%s at %d in flight: %w", name, conc, err)
+				}
+				k := key{name, conc}
+				tps[k] = append(tps[k], tp)
+				ctl[k] = append(ctl[k], state)
+				fmt.Fprintf(os.Stderr, "rep %d  %2d in flight  %-16s %8.1f tok/s  %s  (%s)\n", rep+1, conc, name, tp, state, time.Since(start).Round(time.Second))
+			}
+		}
+	}
+	fmt.Printf("\noutput tokens/s, median [min–max] over %d interleaved reps; %d prompts × %d in / %d out tokens, greedy\n\n", *reps, *prompts, *inLen, *outLen)
+	fmt.Printf("%-10s", "in flight")
+	for _, n := range order {
+		fmt.Printf(" | %-26s", n)
+	}
+	fmt.Println()
+	for _, c := range cs {
+		fmt.Printf("%-10d", c)
+		base := median(tps[key{order[0], c}])
+		for _, n := range order {
+			xs := tps[key{n, c}]
+			cell := fmt.Sprintf("%.1f [%.1f–%.1f]", median(xs), slices.Min(xs), slices.Max(xs))
+			if n != order[0] && base > 0 {
+				cell += fmt.Sprintf(" ×%.2f", median(xs)/base)
+			}
+			fmt.Printf(" | %-26s", cell)
+		}
+		fmt.Println()
+	}
+	fmt.Println("\ncontroller (last rep): exploited arm per batch bucket, measured steps spec/plain (probes)")
+	for _, c := range cs {
+		for _, n := range order {
+			if s := ctl[key{n, c}]; len(s) > 0 && s[len(s)-1] != "" {
+				fmt.Printf("  %2d in flight %-16s %s\n", c, n, s[len(s)-1])
+			}
+		}
+	}
+	fmt.Printf("\ntook %s\n", time.Since(start).Round(time.Second))
+	return nil
+}
+
+// once starts a server with extra flags, runs the benchmark against it and
+// stops it: the output tokens/s, and the controller's state in words.
+func once(bin, tmp string, extra, bench []string) (float64, string, error) {
+	port, err := freePort()
+	if err != nil {
+		return 0, "", err
+	}
+	base := fmt.Sprintf("http://127.0.0.1:%d", port)
+	srv := exec.Command(bin, append([]string{"serve", "--port", strconv.Itoa(port)}, extra...)...)
+	logf, err := os.Create(filepath.Join(tmp, "serve.log"))
+	if err != nil {
+		return 0, "", err
+	}
+	defer logf.Close()
+	srv.Stdout, srv.Stderr = logf, logf
+	if err := srv.Start(); err != nil {
+		return 0, "", err
+	}
+	defer func() {
+		srv.Process.Signal(os.Interrupt)
+		done := make(chan struct{})
+		go func() { srv.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			srv.Process.Kill()
+			<-done
+		}
+	}()
+	if err := waitHealthy(base, 60*time.Second); err != nil {
+		log, _ := os.ReadFile(logf.Name())
+		return 0, "", fmt.Errorf("%w; server log:\n%s", err, log)
+	}
+	out := filepath.Join(tmp, "bench.json")
+	b := exec.Command(bin, append([]string{"bench", "serve", "-base-url", base, "-json", out}, bench...)...)
+	b.Stdout, b.Stderr = io.Discard, os.Stderr
+	if err := b.Run(); err != nil {
+		return 0, "", fmt.Errorf("bench serve: %w", err)
+	}
+	var r struct {
+		Completed        int     `json:"completed"`
+		OutputThroughput float64 `json:"output_throughput"`
+	}
+	data, err := os.ReadFile(out)
+	if err != nil {
+		return 0, "", err
+	}
+	if err := json.Unmarshal(data, &r); err != nil {
+		return 0, "", err
+	}
+	return r.OutputThroughput, controllerState(base), nil
+}
+
+// controllerState summarises the server's pagoda:spec_ctl_* metrics: the
+// buckets whose arm was measured, and the step counters.
+func controllerState(base string) string {
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		return ""
+	}
+	defer resp.Body.Close()
+	arms := map[string]string{}
+	rates := map[string]bool{}
+	var steps [3]string
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		f := strings.Fields(line)
+		if len(f) != 2 || !strings.HasPrefix(line, "pagoda:spec_ctl_") {
+			continue
+		}
+		batch := label(f[0], "batch")
+		switch {
+		case strings.HasPrefix(line, "pagoda:spec_ctl_arm{"):
+			arms[batch] = map[string]string{"1": "spec", "0": "plain"}[f[1]]
+		case strings.HasPrefix(line, "pagoda:spec_ctl_tokens_per_second{"):
+			if v, _ := strconv.ParseFloat(f[1], 64); v > 0 {
+				rates[batch] = true
+			}
+		case strings.HasPrefix(line, "pagoda:spec_ctl_spec_steps_total"):
+			steps[0] = f[1]
+		case strings.HasPrefix(line, "pagoda:spec_ctl_plain_steps_total"):
+			steps[1] = f[1]
+		case strings.HasPrefix(line, "pagoda:spec_ctl_probe_steps_total"):
+			steps[2] = f[1]
+		}
+	}
+	if steps[0] == "" {
+		return ""
+	}
+	if len(rates) == 0 && steps[0] == "0" && steps[1] == "0" {
+		return "controller off"
+	}
+	var bs []string
+	for b := range rates {
+		bs = append(bs, b)
+	}
+	slices.SortFunc(bs, func(a, b string) int { return leading(a) - leading(b) })
+	var parts []string
+	for _, b := range bs {
+		parts = append(parts, b+":"+arms[b])
+	}
+	return fmt.Sprintf("%s; steps %s/%s (%s)", strings.Join(parts, " "), steps[0], steps[1], steps[2])
+}
+
+func label(series, name string) string {
+	i := strings.Index(series, name+`="`)
+	if i < 0 {
+		return ""
+	}
+	rest := series[i+len(name)+2:]
+	return rest[:strings.IndexByte(rest, '"')]
+}
+
+func leading(s string) int {
+	n := 0
+	for _, c := range s {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+	}
+	return n
+}
+
+func waitHealthy(base string, limit time.Duration) error {
+	ctx, cancel := context.WithTimeout(context.Background(), limit)
+	defer cancel()
+	for {
+		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/health", nil)
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return nil
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("server at %s not healthy after %s", base, limit)
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func freePort() (int, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	n := len(s)
+	if n == 0 {
+		return 0
+	}
+	if n%2 == 1 {
+		return s[n/2]
+	}
+	return (s[n/2-1] + s[n/2]) / 2
+}
