@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"pagoda/kvcache"
@@ -26,6 +27,14 @@ func TestMLAAndMoEModels(t *testing.T) {
 			defer m.Close()
 			cfg := ModelConfig(m, name)
 			cfg.KVDType, cfg.BlockSize, cfg.KVBlocks, cfg.MaxNumBatchedTokens = kvcache.F32, 8, 64, 10
+			if m.Config.MLA {
+				// Sinks would rotate the whole latent row as one head.
+				sc := cfg
+				sc.KVPolicy = kvcache.StreamingPolicy{Sinks: 4, Window: 16}
+				if _, err := New(m, m.Tokenizer(), sc); err == nil || !strings.Contains(err.Error(), "rotary") {
+					t.Errorf("streaming over MLA's latent cache: %v", err)
+				}
+			}
 			e, err := New(m, m.Tokenizer(), cfg)
 			if err != nil {
 				t.Fatal(err)

@@ -10,12 +10,19 @@ import (
 func ModelConfig(m *model.Model, name string) Config {
 	c := m.Config
 	nkv, kd, vd := c.KVShape()
+	// MLA's cached row is a latent plus a shared rope key: rotating the
+	// whole row as one head would be wrong, so policies that move positions
+	// (StreamingLLM's sinks) find no rotary embedding and are refused.
+	var rope *kvcache.Rotary
+	if vd != 0 {
+		rope = &kvcache.Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim}
+	}
 	return Config{
 		ModelName: name,
 		NLayer:    c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen,
 		SlidingWindow: c.SlidingWindow,
-		KVRope:        &kvcache.Rotary{Freqs: c.Freqs(), Neox: c.RopeNeox, HeadDim: c.HeadDim},
+		KVRope:        rope,
 		Ops:           m.Ops(),
 	}
 }
