@@ -298,6 +298,12 @@ func (c *Config) send(ctx context.Context, p prompt, t0 time.Time) RequestOutput
 		return fail("%v", err)
 	}
 	c.headers(req)
+	// A server may close a kept-alive connection just as a request goes out
+	// on it (llama-server closes idle ones after a few seconds); the request
+	// then fails before the server has read it. Marked idempotent, it is
+	// resent on a fresh connection, as a GET would be, instead of counting
+	// as the server's failure (the empty key is not sent on the wire).
+	req.Header["Idempotency-Key"] = nil
 	resp, err := c.Client.Do(req)
 	if err != nil {
 		return fail("%v", err)

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
@@ -496,5 +497,47 @@ func TestKVWasteFromCounters(t *testing.T) {
 	none.serverExtras(map[string]float64{}, map[string]float64{"vllm:prefix_cache_hits_total": 1})
 	if none.KVWaste != nil {
 		t.Fatal("waste reported without Pagoda's counters")
+	}
+}
+
+// TestDroppedKeepAlive: a server that closes a kept-alive connection as the
+// next request arrives on it (without answering) costs no failed request.
+func TestDroppedKeepAlive(t *testing.T) {
+	f := &fakeSSE{tokens: 2}
+	type connKey struct{}
+	var mu sync.Mutex
+	served := map[*int]int{} // requests answered per connection
+	dropped := 0
+	ts := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id := r.Context().Value(connKey{}).(*int)
+		mu.Lock()
+		n := served[id]
+		served[id]++
+		drop := n == 1 && dropped < 3
+		if drop {
+			dropped++
+		}
+		mu.Unlock()
+		if drop {
+			c, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				c.Close()
+			}
+			return
+		}
+		f.ServeHTTP(w, r)
+	}))
+	ts.Config.ConnContext = func(ctx context.Context, _ net.Conn) context.Context {
+		return context.WithValue(ctx, connKey{}, new(int))
+	}
+	ts.Start()
+	defer ts.Close()
+	res, err := Run(context.Background(), Config{BaseURL: ts.URL, NumPrompts: 6, InputLen: 3, OutputLen: 2,
+		VocabSize: 50, APIKey: "k", MaxConcurrency: 1, SkipTestRequest: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if dropped == 0 || res.Completed != 6 || res.Failed != 0 {
+		t.Fatalf("dropped %d: completed %d failed %d %q", dropped, res.Completed, res.Failed, res.Errors)
 	}
 }
