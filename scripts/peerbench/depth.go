@@ -6,12 +6,11 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
-	"net"
 	"net/http"
 	"os/exec"
+	"pagoda/scripts/internal/proc"
 	"regexp"
 	"strconv"
-	"syscall"
 	"time"
 )
 
@@ -52,12 +51,10 @@ func renameDepth(res map[string][]float64, kv string) map[string][]float64 {
 // decode rate for the request (timings.predicted_per_second), which
 // excludes the prompt.
 func llamaServerDepth(bin, model, kv string, depth, tg, threads, reps, vocab int) (map[string][]float64, string, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, "", err
 	}
-	port := l.Addr().(*net.TCPAddr).Port
-	l.Close()
 	if kv == "" {
 		kv = "f16"
 	}
@@ -65,31 +62,14 @@ func llamaServerDepth(bin, model, kv string, depth, tg, threads, reps, vocab int
 		"-np", "1", "-c", strconv.Itoa(depth+tg+64), "-fa", "-ctk", kv, "-ctv", kv)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
-	if err := cmd.Start(); err != nil {
+	srv, err := proc.Start(cmd)
+	if err != nil {
 		return nil, "", err
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
-	defer func() {
-		cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-exited:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-exited
-		}
-	}()
+	defer srv.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	for ready := false; !ready; {
-		select {
-		case err := <-exited:
-			return nil, "", fmt.Errorf("llama-server exited: %v: %s", err, tail(logs.String()))
-		case <-time.After(200 * time.Millisecond):
-		}
-		if resp, err := http.Get(base + "/health"); err == nil {
-			ready = resp.StatusCode == http.StatusOK
-			resp.Body.Close()
-		}
+	if err := srv.WaitHealthy(base, 5*time.Minute); err != nil {
+		return nil, "", fmt.Errorf("llama-server: %w: %s", err, tail(logs.String()))
 	}
 	rng := rand.New(rand.NewPCG(uint64(depth), uint64(tg)))
 	var samples []float64

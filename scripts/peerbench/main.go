@@ -23,6 +23,7 @@ import (
 	"io"
 	"os"
 	"os/exec"
+	"pagoda/scripts/internal/proc"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -107,18 +108,12 @@ func run(args []string, out, log io.Writer) error {
 	}
 	pg := *pagoda
 	if pg == "" {
-		dir, err := os.MkdirTemp("", "peerbench")
+		bin, cleanup, err := proc.BuildPagoda(log)
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		pg = filepath.Join(dir, "pagoda")
-		fmt.Fprintln(log, "building pagoda …")
-		b := exec.Command("go", "build", "-o", pg, "./cmd/pagoda")
-		b.Stderr = log
-		if err := b.Run(); err != nil {
-			return fmt.Errorf("building pagoda (run from the repository root or pass -pagoda): %w", err)
-		}
+		defer cleanup()
+		pg = bin
 	}
 	ts := strconv.Itoa(*threads)
 	r := strconv.Itoa(*reps)

@@ -16,15 +16,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
 	"os"
 	"os/exec"
+	"pagoda/scripts/internal/proc"
 	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"pagoda/bench"
@@ -104,17 +102,12 @@ func run(args []string, out, log io.Writer) error {
 		return fmt.Errorf("llama-server: %w", err)
 	}
 	if o.pagoda == "" {
-		dir, err := os.MkdirTemp("", "peerserve")
+		bin, cleanup, err := proc.BuildPagoda(log)
 		if err != nil {
 			return err
 		}
-		defer os.RemoveAll(dir)
-		o.pagoda = filepath.Join(dir, "pagoda")
-		b := exec.Command("go", "build", "-o", o.pagoda, "./cmd/pagoda")
-		b.Stdout, b.Stderr = log, log
-		if err := b.Run(); err != nil {
-			return fmt.Errorf("building pagoda: %w", err)
-		}
+		defer cleanup()
+		o.pagoda = bin
 	}
 	engines := []engine{
 		{"pagoda", func(m string, conc, port int) *exec.Cmd {
@@ -149,7 +142,7 @@ func run(args []string, out, log io.Writer) error {
 // serveOnce starts e's server for model m at concurrency c, runs the
 // benchmark and stops the server.
 func serveOnce(e engine, m string, c int, o options, log io.Writer) (*bench.Result, error) {
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return nil, err
 	}
@@ -160,22 +153,13 @@ func serveOnce(e engine, m string, c int, o options, log io.Writer) (*bench.Resu
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
+	srv, err := proc.Start(cmd)
+	if err != nil {
 		return nil, err
 	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() {
-		cmd.Process.Signal(syscall.SIGINT)
-		select {
-		case <-done:
-		case <-time.After(20 * time.Second):
-			cmd.Process.Kill()
-			<-done
-		}
-	}()
+	defer srv.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
-	if err := waitHealthy(base, done, 5*time.Minute); err != nil {
+	if err := srv.WaitHealthy(base, 5*time.Minute); err != nil {
 		return nil, fmt.Errorf("%w (server log: %s)", err, logf.Name())
 	}
 	cfg := bench.Config{
@@ -199,35 +183,6 @@ func serveOnce(e engine, m string, c int, o options, log io.Writer) (*bench.Resu
 		os.Remove(logf.Name())
 	}
 	return r, nil
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
-}
-
-func waitHealthy(base string, exited <-chan error, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for time.Now().Before(deadline) {
-		select {
-		case err := <-exited:
-			return fmt.Errorf("server exited before it was healthy: %v", err)
-		default:
-		}
-		resp, err := http.Get(base + "/health")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				return nil
-			}
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
-	return fmt.Errorf("not healthy after %v", limit)
 }
 
 // stat is a median with its range.

@@ -14,16 +14,15 @@ package main
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"pagoda/scripts/internal/proc"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -88,12 +87,12 @@ func run(args []string) error {
 	}
 	defer os.RemoveAll(tmp)
 	if *bin == "" {
-		*bin = filepath.Join(tmp, "pagoda")
-		b := exec.Command("go", "build", "-o", *bin, "./cmd/pagoda")
-		b.Stdout, b.Stderr = os.Stderr, os.Stderr
-		if err := b.Run(); err != nil {
-			return fmt.Errorf("building pagoda: %w", err)
+		built, cleanup, err := proc.BuildPagoda(os.Stderr)
+		if err != nil {
+			return err
 		}
+		defer cleanup()
+		*bin = built
 	}
 	tps := map[key][]float64{}
 	ctl := map[key][]string{}
@@ -158,7 +157,7 @@ func run(args []string) error {
 // once starts a server with extra flags, runs the benchmark against it and
 // stops it: the output tokens/s, and the controller's state in words.
 func once(bin, tmp string, extra, bench []string) (float64, string, error) {
-	port, err := freePort()
+	port, err := proc.FreePort()
 	if err != nil {
 		return 0, "", err
 	}
@@ -170,21 +169,12 @@ func once(bin, tmp string, extra, bench []string) (float64, string, error) {
 	}
 	defer logf.Close()
 	srv.Stdout, srv.Stderr = logf, logf
-	if err := srv.Start(); err != nil {
+	s, err := proc.Start(srv)
+	if err != nil {
 		return 0, "", err
 	}
-	defer func() {
-		srv.Process.Signal(os.Interrupt)
-		done := make(chan struct{})
-		go func() { srv.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			srv.Process.Kill()
-			<-done
-		}
-	}()
-	if err := waitHealthy(base, 60*time.Second); err != nil {
+	defer s.Stop()
+	if err := s.WaitHealthy(base, 60*time.Second); err != nil {
 		log, _ := os.ReadFile(logf.Name())
 		return 0, "", fmt.Errorf("%w; server log:\n%s", err, log)
 	}
@@ -279,34 +269,6 @@ func leading(s string) int {
 		n = n*10 + int(c-'0')
 	}
 	return n
-}
-
-func waitHealthy(base string, limit time.Duration) error {
-	ctx, cancel := context.WithTimeout(context.Background(), limit)
-	defer cancel()
-	for {
-		req, _ := http.NewRequestWithContext(ctx, "GET", base+"/health", nil)
-		if resp, err := http.DefaultClient.Do(req); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("server at %s not healthy after %s", base, limit)
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
 func median(xs []float64) float64 {
