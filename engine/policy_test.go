@@ -187,6 +187,7 @@ func TestPoliciesServe(t *testing.T) {
 	}
 }
 
+// runAll submits every request at once and collects all completions.
 func runAll(t *testing.T, e *Engine, reqs []*Request) []result {
 	t.Helper()
 	got := make([]result, len(reqs))
@@ -197,7 +198,7 @@ func runAll(t *testing.T, e *Engine, reqs []*Request) []result {
 			t.Fatal(err)
 		}
 		wg.Add(1)
-		go func() { defer wg.Done(); got[i] = collect(t, ch, 1) }()
+		go func() { defer wg.Done(); got[i] = collect(t, ch, max(r.N, 1)) }()
 	}
 	wg.Wait()
 	return got

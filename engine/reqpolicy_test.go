@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"testing"
 
 	"pagoda/kvcache"
@@ -32,23 +31,6 @@ func reqPolicyPrompts(t *testing.T, tok tokenizer.Tokenizer, n int) [][]int32 {
 		out = append(out, append(append([]int32(nil), shared[:10+6*(i%3)]...), tok.Encode(fmt.Sprintf(" One day %d", i), tokenizer.Options{})...))
 	}
 	return out
-}
-
-// runMixed submits every request at once and collects all completions.
-func runMixed(t *testing.T, e *Engine, reqs []*Request) []result {
-	t.Helper()
-	got := make([]result, len(reqs))
-	var wg sync.WaitGroup
-	for i, r := range reqs {
-		ch, err := e.Submit(context.Background(), r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); got[i] = collect(t, ch, max(r.N, 1)) }()
-	}
-	wg.Wait()
-	return got
 }
 
 // TestRequestPolicies: requests choosing different KV policies (and none)
@@ -138,7 +120,7 @@ func TestRequestPolicies(t *testing.T) {
 			e := startModelEngine(t, m, cfg)
 			for round := 0; round < 2; round++ {
 				reqs, which := mixed(def)
-				check(t, fmt.Sprintf("round %d", round), reqs, which, runMixed(t, e, reqs))
+				check(t, fmt.Sprintf("round %d", round), reqs, which, runAll(t, e, reqs))
 				settled(t, e)
 			}
 			if e.Stats().PrefixHits == 0 {
@@ -156,7 +138,7 @@ func TestRequestPolicies(t *testing.T) {
 	cfg.MaxNumBatchedTokens = 32
 	es := startModelEngine(t, m, cfg)
 	reqs, which := mixed("quest:budget=16,dense=1")
-	got := runMixed(t, es, reqs)
+	got := runAll(t, es, reqs)
 	for i, r := range reqs {
 		for c := range got[i].tokens {
 			if len(got[i].tokens[c]) != r.MaxTokens {
@@ -289,7 +271,7 @@ func TestRequestPolicySpeculation(t *testing.T) {
 			t.Fatalf("policy %v: speculates %v, want %v", c.r.KVPolicy, got, c.spec)
 		}
 	}
-	got := runMixed(t, e, []*Request{none, def})
+	got := runAll(t, e, []*Request{none, def})
 	if fmt.Sprint(got[0].tokens) != fmt.Sprint(plain.tokens) || fmt.Sprint(got[1].tokens) != fmt.Sprint(questWant.tokens) {
 		t.Fatalf("none %v (plain %v), quest %v (alone %v)", got[0].tokens, plain.tokens, got[1].tokens, questWant.tokens)
 	}
