@@ -33,6 +33,8 @@ type Dims struct {
 	// KVBCombined: the checkpoint stores MLA's per-head up-projections as
 	// one attn_kv_b (older conversions) rather than attn_k_b and attn_v_b.
 	KVBCombined bool
+	// Encoders (bert): learned absolute positions and token types.
+	Positions, TokenTypes int
 }
 
 // Role is what a tensor is for, whatever it is named: the binder puts it in
