@@ -215,3 +215,7 @@ func gelu(x float32) float32 {
 	xf := float64(x)
 	return float32(0.5 * xf * (1 + math.Tanh(c*xf*(1+0.044715*xf*xf))))
 }
+
+// SequenceHidden is Hidden, under the name the engine's embedder uses
+// for decoders and encoders alike.
+func (m *Model) SequenceHidden(seqs [][]int32) ([][]float32, error) { return m.Hidden(seqs) }

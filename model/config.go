@@ -61,6 +61,11 @@ type Config struct {
 	MLA                                     bool
 	QLoRA, KVLoRA, QKNope, QKRope, VHeadDim int
 	KVBCombined                             bool // the file stores attn_kv_b, not attn_k_b/attn_v_b
+
+	// Pooling is how the file says embeddings pool (GGUF
+	// <arch>.pooling_type: "none", "mean", "cls", "last", "rank"); ""
+	// when it does not say.
+	Pooling string
 }
 
 // KVShape is what the KV cache stores per token and layer: nkv heads of
@@ -99,6 +104,9 @@ func (c *Config) AttnHeadDim() int {
 // lookupArch finds a GGUF architecture name in the registry.
 func lookupArch(name string) (*arch.Arch, error) {
 	a := arch.Lookup(name)
+	if a == nil && arch.LookupEncoder(name) != nil {
+		return nil, fmt.Errorf("architecture %q is an encoder (an embedding model): it computes embeddings, not text", name)
+	}
 	if a == nil {
 		return nil, fmt.Errorf("architecture %q not supported (supported: %s)", name, strings.Join(arch.Names(), ", "))
 	}

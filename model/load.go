@@ -209,6 +209,9 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	if v, ok := f.Float(arch + ".attention.layer_norm_rms_epsilon"); ok {
 		c.RMSEps = float32(v)
 	}
+	if v, ok := f.Int(arch + ".pooling_type"); ok {
+		c.Pooling = PoolingName(v)
+	}
 	if v, ok := f.Uint(arch + ".attention.sliding_window"); ok {
 		c.SlidingWindow = int(min(v, 1<<30))
 	}

@@ -183,57 +183,18 @@ func grow(s []float32, n int) []float32 {
 // Forward runs the batch through the model, storing K/V in kv, and returns
 // the logits (VocabSize each) of the rows marked in b.Logits, in order.
 func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
-	c := &m.Config
-	T := len(b.Tokens)
-	if T == 0 {
-		return nil, errors.New("model: empty batch")
-	}
-	if len(b.Pos) != T || len(b.Seq) != T || (b.Logits != nil && len(b.Logits) != T) {
-		return nil, errors.New("model: batch fields have different lengths")
-	}
-	// A cache whose policy keeps every query's distances within the
-	// context (StreamingLLM) lets positions run past it.
-	limit := c.ContextLen
-	if pl, ok := kv.(interface{ PositionLimit() int }); ok && pl.PositionLimit() > 0 {
-		limit = pl.PositionLimit()
-	}
-	for i, t := range b.Tokens {
-		if t < 0 || int(t) >= c.VocabSize {
-			return nil, fmt.Errorf("model: token %d out of range [0, %d)", t, c.VocabSize)
-		}
-		if b.Pos[i] < 0 || int(b.Pos[i]) >= limit {
-			return nil, fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], limit)
-		}
-	}
-	if err := kv.Begin(b); err != nil {
-		return nil, fmt.Errorf("model: %w", err)
+	if err := m.begin(b, kv); err != nil {
+		return nil, err
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-
-	d, qd, kvd := c.NEmbd, c.NHead*c.HeadDim, c.NKVHead*c.HeadDim
+	if err := m.trunk(b, kv); err != nil {
+		return nil, err
+	}
+	c := &m.Config
+	T := len(b.Tokens)
+	d := c.NEmbd
 	s := &m.buf
-	s.x = grow(s.x, T*d)
-	s.xn = grow(s.xn, T*d)
-	s.q = grow(s.q, T*qd)
-	s.k = grow(s.k, T*kvd)
-	s.v = grow(s.v, T*kvd)
-	s.att = grow(s.att, T*qd)
-	s.o = grow(s.o, T*d)
-	s.gate = grow(s.gate, T*c.FFN)
-	s.up = grow(s.up, T*c.FFN)
-
-	for i, t := range b.Tokens {
-		if err := quant.Dequantize(m.W.Embd.Type, m.W.Embd.Row(int(t)), s.x[i*d:(i+1)*d]); err != nil {
-			return nil, fmt.Errorf("model: embedding: %v", err)
-		}
-	}
-	s.pieces = attnPieces(b, c.SlidingWindow)
-	for li := range m.W.Layers {
-		m.attn.forward(m, li, b, kv)
-		m.ffns[li].forward(m, li, b, kv)
-	}
-
 	rows := 0
 	for i := 0; i < T; i++ {
 		if wantLogits(b, i) {
@@ -260,6 +221,68 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 		}
 	}
 	return logits, nil
+}
+
+// begin checks the batch against the model and the cache's limits and
+// lets the cache prepare for it.
+func (m *Model) begin(b *Batch, kv KVCache) error {
+	c := &m.Config
+	T := len(b.Tokens)
+	if T == 0 {
+		return errors.New("model: empty batch")
+	}
+	if len(b.Pos) != T || len(b.Seq) != T || (b.Logits != nil && len(b.Logits) != T) {
+		return errors.New("model: batch fields have different lengths")
+	}
+	// A cache whose policy keeps every query's distances within the
+	// context (StreamingLLM) lets positions run past it.
+	limit := c.ContextLen
+	if pl, ok := kv.(interface{ PositionLimit() int }); ok && pl.PositionLimit() > 0 {
+		limit = pl.PositionLimit()
+	}
+	for i, t := range b.Tokens {
+		if t < 0 || int(t) >= c.VocabSize {
+			return fmt.Errorf("model: token %d out of range [0, %d)", t, c.VocabSize)
+		}
+		if b.Pos[i] < 0 || int(b.Pos[i]) >= limit {
+			return fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], limit)
+		}
+	}
+	if err := kv.Begin(b); err != nil {
+		return fmt.Errorf("model: %w", err)
+	}
+	return nil
+}
+
+// trunk runs the embedding and every layer over the batch, leaving the
+// last layer's residual stream in m.buf.x; m.mu must be held.
+func (m *Model) trunk(b *Batch, kv KVCache) error {
+	c := &m.Config
+	T := len(b.Tokens)
+
+	d, qd, kvd := c.NEmbd, c.NHead*c.HeadDim, c.NKVHead*c.HeadDim
+	s := &m.buf
+	s.x = grow(s.x, T*d)
+	s.xn = grow(s.xn, T*d)
+	s.q = grow(s.q, T*qd)
+	s.k = grow(s.k, T*kvd)
+	s.v = grow(s.v, T*kvd)
+	s.att = grow(s.att, T*qd)
+	s.o = grow(s.o, T*d)
+	s.gate = grow(s.gate, T*c.FFN)
+	s.up = grow(s.up, T*c.FFN)
+
+	for i, t := range b.Tokens {
+		if err := quant.Dequantize(m.W.Embd.Type, m.W.Embd.Row(int(t)), s.x[i*d:(i+1)*d]); err != nil {
+			return fmt.Errorf("model: embedding: %v", err)
+		}
+	}
+	s.pieces = attnPieces(b, c.SlidingWindow)
+	for li := range m.W.Layers {
+		m.attn.forward(m, li, b, kv)
+		m.ffns[li].forward(m, li, b, kv)
+	}
+	return nil
 }
 
 func wantLogits(b *Batch, i int) bool {
