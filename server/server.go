@@ -83,6 +83,9 @@ type Options struct {
 	// API key). nil: the endpoint answers 404 and the page shows the chat
 	// only.
 	Engine EngineViewer
+	// Embedder serves /v1/embeddings, /api/embed and /api/embeddings
+	// (server/embed.go). nil: they answer 400.
+	Embedder Embedder
 }
 
 // Server serves the OpenAI-compatible API over a Backend.
@@ -143,6 +146,7 @@ func New(b Backend, o Options) *Server {
 		m.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
 	}
 	s.registerWeb(m)
+	s.registerEmbed(m)
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
