@@ -496,7 +496,7 @@ func TestErrors(t *testing.T) {
 		{"response_format", "/v1/chat/completions", chat(`,"response_format":{"type":"json_object"}`), 400, "response_format", "json_object"},
 		{"tool_choice", "/v1/chat/completions", chat(`,"tool_choice":"required"`), 400, "tool_choice", ""},
 		{"too large", "/v1/completions", `{"prompt":"` + strings.Repeat("a", 5000) + `"}`, 413, "", "exceeds 4096 bytes"},
-		{"unknown route", "/v1/embeddings", `{}`, 404, "", ""},
+		{"unknown route", "/v1/audio/speech", `{}`, 404, "", ""},
 	}
 	for _, c := range cases {
 		code, b := post(t, ts, c.path, c.body)

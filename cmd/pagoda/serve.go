@@ -158,6 +158,13 @@ func runServe(args []string) error {
 		return err
 	}
 	*modelPath = path
+	if isEncoderFile(path) {
+		if *name == "" {
+			*name = servedName(path)
+		}
+		return serveEncoder(path, *name, *threads, net.JoinHostPort(*host, strconv.Itoa(*port)), cmp.Or(*apiKey, os.Getenv("PAGODA_API_KEY")), *grace,
+			server.Options{MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts)})
+	}
 	if *apiKey == "" {
 		*apiKey = os.Getenv("PAGODA_API_KEY")
 	}
@@ -266,8 +273,13 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
-		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng})
+	so := server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
+		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
+	if emb := newEmbedder(m); emb != nil {
+		defer emb.Close()
+		so.Embedder = emb
+	}
+	srv := server.New(backend, so)
 	ctx, hard, stopSignals := drainSignals(srv.Abort)
 	defer stopSignals()
 	addr := net.JoinHostPort(*host, strconv.Itoa(*port))
