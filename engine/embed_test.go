@@ -16,6 +16,7 @@ import (
 
 	"pagoda/encoder"
 	"pagoda/model"
+	"pagoda/quant"
 	"pagoda/synth"
 	"pagoda/testutil"
 	"pagoda/tokenizer"
@@ -26,6 +27,8 @@ import (
 var embedBERTs = map[string]synth.BERT{
 	"b-mean.gguf": {Layers: 2, Embd: 64, Heads: 4, FFN: 256, Positions: 128, Pooling: 1, Seed: 1},
 	"b-cls.gguf":  {Layers: 2, Embd: 64, Heads: 4, FFN: 256, Positions: 128, Pooling: 2, Seed: 2},
+	"b-q8.gguf":   {Layers: 3, Embd: 96, Heads: 6, FFN: 384, Positions: 64, Pooling: 1, Type: quant.Q8_0, Seed: 3},
+	"b-f16.gguf":  {Layers: 2, Embd: 64, Heads: 2, FFN: 128, Positions: 64, Pooling: 2, Type: quant.F16, Seed: 4},
 }
 
 type embedGolden struct {
@@ -130,7 +133,7 @@ func cosine(a []float32, b []float64) float64 {
 // (mean and last pooling) to llama.cpp's llama-embedding: the same tokens,
 // and cosine ≥ 0.9999 per input.
 func TestEmbedGoldens(t *testing.T) {
-	for _, name := range []string{"bert-mean", "bert-cls", "llama-gqa-mean", "llama-gqa-last", "qwen3-last"} {
+	for _, name := range []string{"bert-mean", "bert-cls", "bert-q8-mean", "bert-f16-cls", "llama-gqa-mean", "llama-gqa-last", "qwen3-last"} {
 		t.Run(name, func(t *testing.T) {
 			g := readEmbedGolden(t, name)
 			s := openEmbedSubject(t, g)
@@ -192,7 +195,7 @@ func TestEmbedDecoderDefaultPooling(t *testing.T) {
 // the same input embedded in a batch with others, whether the batch is
 // one call or concurrent calls gathered into one pass.
 func TestEmbedBatchInvariant(t *testing.T) {
-	for _, name := range []string{"bert-mean", "bert-cls", "llama-gqa-mean", "qwen3-last"} {
+	for _, name := range []string{"bert-mean", "bert-cls", "bert-q8-mean", "llama-gqa-mean", "qwen3-last"} {
 		t.Run(name, func(t *testing.T) {
 			g := readEmbedGolden(t, name)
 			s := openEmbedSubject(t, g)

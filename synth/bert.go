@@ -142,7 +142,9 @@ func bertWriter(b BERT) (*gguf.Writer, error) {
 		h.Write([]byte(t.Name))
 		fillNormal(f, splitmix(uint64(b.Seed)^h.Sum64()), bertStd(t.Role, b))
 		typ := quant.F32
-		if len(shape) == 2 {
+		// llama.cpp adds the token-type row to the embeddings as it is
+		// stored, which its CPU backend can do for float types only.
+		if len(shape) == 2 && t.Role != arch.TokenTypes {
 			typ = storageType(b.Type, shape[0])
 		}
 		switch t.Role {

@@ -18,7 +18,7 @@ run() { # name model pooling
 	# again until the output is whole (the parser checks it).
 	for try in 1 2 3 4 5 6 7 8 9 10; do
 		"$LL/build/bin/llama-embedding" -m "$2" -p "$texts" --pooling "$3" --embd-normalize -1 \
-			--embd-output-format json -t 1 --verbose-prompt >"$out.raw" 2>/dev/null
+			--embd-output-format json -t 1 --no-repack --verbose-prompt >"$out.raw" 2>/dev/null
 		tail -c 40 "$out.raw" | tr -d ' \n' | grep -q ']}]}$' && break
 	done
 	python3 - "$out.raw" "$1" "$2" "$3" "$commit" "$texts" <<'PY'
@@ -38,7 +38,7 @@ if cur: seqs.append(cur)
 texts = texts.split('\n')
 assert len(seqs) == len(texts) == len(js['data']), (len(seqs), len(texts))
 out = {'llama_cpp_commit': commit,
-       'command': 'llama-embedding -m %s -p <inputs joined by newlines> --pooling %s --embd-normalize -1 --embd-output-format json -t 1 --verbose-prompt' % (os.path.basename(model), pooling),
+       'command': 'llama-embedding -m %s -p <inputs joined by newlines> --pooling %s --embd-normalize -1 --embd-output-format json -t 1 --no-repack --verbose-prompt' % (os.path.basename(model), pooling),
        'model': os.path.basename(model), 'model_sha256': hashlib.sha256(open(model, 'rb').read()).hexdigest(),
        'pooling': pooling,
        'inputs': [{'text': t, 'tokens': q, 'embedding': d['embedding']} for t, q, d in zip(texts, seqs, js['data'])]}
@@ -49,6 +49,8 @@ PY
 }
 run bert-mean "$MODELS/b-mean.gguf" mean
 run bert-cls "$MODELS/b-cls.gguf" cls
+run bert-q8-mean "$MODELS/b-q8.gguf" mean
+run bert-f16-cls "$MODELS/b-f16.gguf" cls
 run llama-gqa-mean "$SHARED/golden/models/g-llama-gqa.F32.gguf" mean
 run llama-gqa-last "$SHARED/golden/models/g-llama-gqa.F32.gguf" last
 run qwen3-last "$SHARED/golden/models/g-qwen3.F32.gguf" last
