@@ -202,6 +202,11 @@ func FromGGUF(f *gguf.File, o Options) (*Model, error) {
 			return nil, err
 		}
 	}
+	// Every layer has a dozen tensors: a count beyond the file's is
+	// refused before anything is sized by it.
+	if c.NLayer > len(f.Tensors) {
+		return nil, fmt.Errorf("encoder: %s.block_count %d, but the file has %d tensors", name, c.NLayer, len(f.Tensors))
+	}
 	if c.NEmbd%c.NHead != 0 {
 		return nil, fmt.Errorf("encoder: embedding length %d not divisible by %d heads", c.NEmbd, c.NHead)
 	}
