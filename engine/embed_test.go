@@ -133,7 +133,7 @@ func cosine(a []float32, b []float64) float64 {
 // (mean and last pooling) to llama.cpp's llama-embedding: the same tokens,
 // and cosine ≥ 0.9999 per input.
 func TestEmbedGoldens(t *testing.T) {
-	for _, name := range []string{"bert-mean", "bert-cls", "bert-q8-mean", "bert-f16-cls", "llama-gqa-mean", "llama-gqa-last", "qwen3-last"} {
+	for _, name := range []string{"bert-mean", "bert-cls", "bert-q8-mean", "bert-f16-cls", "llama-gqa-mean", "llama-gqa-last", "qwen3-last", "deepseek2-lite-mean", "qwen3moe-last"} {
 		t.Run(name, func(t *testing.T) {
 			g := readEmbedGolden(t, name)
 			s := openEmbedSubject(t, g)
@@ -195,7 +195,7 @@ func TestEmbedDecoderDefaultPooling(t *testing.T) {
 // the same input embedded in a batch with others, whether the batch is
 // one call or concurrent calls gathered into one pass.
 func TestEmbedBatchInvariant(t *testing.T) {
-	for _, name := range []string{"bert-mean", "bert-cls", "bert-q8-mean", "llama-gqa-mean", "qwen3-last"} {
+	for _, name := range []string{"bert-mean", "bert-cls", "bert-q8-mean", "llama-gqa-mean", "qwen3-last", "deepseek2-lite-mean", "qwen3moe-last"} {
 		t.Run(name, func(t *testing.T) {
 			g := readEmbedGolden(t, name)
 			s := openEmbedSubject(t, g)

@@ -148,10 +148,6 @@ func readAllStdin() ([]string, error) {
 // (with a log line) when the model's pooling gives none.
 func newEmbedder(m *model.Model) *engine.Embedder {
 	c := m.Config
-	if c.MLA {
-		log.Printf("pagoda: no embeddings: not computed for multi-head latent attention models")
-		return nil
-	}
 	e, err := engine.NewEmbedder(m, engine.EmbedConfig{Dim: c.NEmbd, ContextLen: c.ContextLen, Pooling: c.Pooling})
 	if err != nil {
 		log.Printf("pagoda: no embeddings: %v", err)

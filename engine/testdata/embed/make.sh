@@ -54,3 +54,5 @@ run bert-f16-cls "$MODELS/b-f16.gguf" cls
 run llama-gqa-mean "$SHARED/golden/models/g-llama-gqa.F32.gguf" mean
 run llama-gqa-last "$SHARED/golden/models/g-llama-gqa.F32.gguf" last
 run qwen3-last "$SHARED/golden/models/g-qwen3.F32.gguf" last
+run deepseek2-lite-mean "$SHARED/golden/models/g-deepseek2-lite.F32.gguf" mean
+run qwen3moe-last "$SHARED/golden/models/g-qwen3moe.F32.gguf" last
