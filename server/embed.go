@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"pagoda/engine"
+	"pagoda/tokenizer"
 )
 
 // Embedder computes embeddings for the server (*engine.Embedder is one).
@@ -449,4 +450,28 @@ type EmbeddingOnly struct{ Name string }
 func (e EmbeddingOnly) Submit(context.Context, *engine.Request) (<-chan engine.Event, error) {
 	return nil, &apiError{Status: http.StatusBadRequest, Type: "invalid_request_error", Param: "model",
 		Message: fmt.Sprintf("%s is an embedding model: it serves /v1/embeddings, /api/embed and /api/embeddings, not text generation", cmpOr(e.Name, "this model"))}
+}
+
+// embeddingBackend is the Backend of an encoder: an EngineBackend whose
+// chat requests, like its completions, are refused as generation.
+type embeddingBackend struct {
+	*EngineBackend
+	msg EmbeddingOnly
+}
+
+func (b embeddingBackend) ApplyChat([]ChatMessage, bool, map[string]any) (string, error) {
+	_, err := b.msg.Submit(context.Background(), nil)
+	return "", err
+}
+
+// NewEmbeddingBackend is the Backend of a server whose model is an
+// encoder: tokenization for /tokenize and the embedding endpoints, and a
+// 400 naming the embedding endpoints for every generation request.
+func NewEmbeddingBackend(tok tokenizer.Tokenizer, name string, contextLen int) (Backend, error) {
+	eo := EmbeddingOnly{Name: name}
+	b, err := NewEngineBackend(eo, tok, name, contextLen, "")
+	if err != nil {
+		return nil, err
+	}
+	return embeddingBackend{b, eo}, nil
 }

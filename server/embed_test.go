@@ -36,7 +36,7 @@ func embedServer(t *testing.T) (*httptest.Server, *encoder.Model, *engine.Embedd
 		t.Fatal(err)
 	}
 	t.Cleanup(e.Close)
-	b, err := NewEngineBackend(EmbeddingOnly{Name: "bert"}, m.Tokenizer(), "bert", m.Config.ContextLen, "")
+	b, err := NewEmbeddingBackend(m.Tokenizer(), "bert", m.Config.ContextLen)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -175,6 +175,10 @@ func TestEmbeddingsErrors(t *testing.T) {
 	code, b := post(t, ts, "/v1/completions", `{"prompt":"hi","max_tokens":2}`)
 	if code != 400 || !strings.Contains(string(b), "embedding model") {
 		t.Errorf("completion on an encoder: %d %s", code, b)
+	}
+	code, b = post(t, ts, "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`)
+	if code != 400 || !strings.Contains(string(b), "embedding model") {
+		t.Errorf("chat on an encoder: %d %s", code, b)
 	}
 	// Still healthy.
 	if code, b := post(t, ts, "/v1/embeddings", `{"input":"a"}`); code != 200 {

@@ -169,7 +169,7 @@ func serveEncoder(path, name string, threads int, addr, apiKey string, grace tim
 		return err
 	}
 	defer e.Close()
-	b, err := server.NewEngineBackend(server.EmbeddingOnly{Name: name}, m.Tokenizer(), name, c.ContextLen, "")
+	b, err := server.NewEmbeddingBackend(m.Tokenizer(), name, c.ContextLen)
 	if err != nil {
 		return err
 	}
