@@ -339,13 +339,13 @@ func TestSchedulerDrafts(t *testing.T) {
 			var e Engine
 			e.buildBatch(p)
 			flags := ""
-			for _, l := range e.batch.Logits {
+			for _, l := range e.in.Logits {
 				flags += map[bool]string{true: "1", false: "0"}[l]
 			}
 			planned := p.seqs[0].draft
 			wantTokens := append([]int32{first}, planned...)
-			if flags != tc.flags || !slices.Equal(e.batch.Tokens, wantTokens) || e.batch.Pos[0] != 7 {
-				t.Fatalf("batch tokens %v pos %v logits %s, want %v from 7, %s", e.batch.Tokens, e.batch.Pos, flags, wantTokens, tc.flags)
+			if flags != tc.flags || !slices.Equal(e.in.Tokens, wantTokens) || e.in.Pos[0] != 7 {
+				t.Fatalf("batch tokens %v pos %v logits %s, want %v from 7, %s", e.in.Tokens, e.in.Pos, flags, wantTokens, tc.flags)
 			}
 
 			h.sc.Update(p, []outcome{{accepted: tc.accepted, next: next}})

@@ -25,7 +25,8 @@ func (e *Engine) step() bool {
 	e.buildBatch(p)
 	e.st.Steps++
 	e.st.BatchedTokens += uint64(p.tokens)
-	logits, err := e.fw.Forward(&e.batch, e.kv)
+	out, err := e.ex.Execute(&e.in)
+	logits := out.Logits
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
 		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), p.rows, e.cfg.VocabSize)
 	}
@@ -54,9 +55,9 @@ func (e *Engine) account(p *plan) {
 	e.m.preemptions.Add(float64(len(p.preempted)))
 }
 
-// buildBatch flattens the plan into the model's batch.
+// buildBatch flattens the plan into the step's input.
 func (e *Engine) buildBatch(p *plan) {
-	b := &e.batch
+	b := &e.in
 	b.Tokens, b.Pos, b.Seq, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Logits[:0]
 	for i := range p.seqs {
 		w := &p.seqs[i]
