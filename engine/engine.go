@@ -15,6 +15,7 @@ import (
 	"pagoda/executor"
 	"pagoda/kernels"
 	"pagoda/kvcache"
+	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/spec"
 	"pagoda/tokenizer"
@@ -164,6 +165,7 @@ type Engine struct {
 	st        Stats
 	blockWant []chan kvcache.BlockMap // Blocks callers, answered at publish
 	in        executor.StepInput      // the step being built, reused
+	plan      model.KVPlan            // its KV plan, from the KV manager
 	scratch   []float32
 
 	specMax   int       // Config.Spec.Tokens, defaulted

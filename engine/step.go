@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"pagoda/executor"
 	"pagoda/sample"
 	"pagoda/spec"
 )
@@ -25,7 +26,14 @@ func (e *Engine) step() bool {
 	e.buildBatch(p)
 	e.st.Steps++
 	e.st.BatchedTokens += uint64(p.tokens)
-	out, err := e.ex.Execute(&e.in)
+	// The KV manager writes the block tables, slot mapping and spans into
+	// the step, so the executor's storage looks nothing up.
+	err := e.kv.Plan(e.in.Pos, e.in.Seq, &e.plan)
+	e.in.KV = &e.plan
+	var out executor.StepOutput
+	if err == nil {
+		out, err = e.ex.Execute(&e.in)
+	}
 	logits := out.Logits
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
 		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), p.rows, e.cfg.VocabSize)

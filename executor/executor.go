@@ -26,6 +26,11 @@ type StepInput struct {
 	// Logits marks the rows whose logits come back, in row order; nil
 	// means only the last row.
 	Logits []bool
+	// KV is where the rows live in a paged KV storage and what each
+	// attends (block tables, slot mapping, visible spans), as the
+	// scheduler's KV manager planned it; nil lets the storage plan the
+	// step itself (a flat cache, a single-process run).
+	KV *model.KVPlan
 }
 
 // Rows is the number of logits rows the step returns.
@@ -80,7 +85,7 @@ func (l *Local) Execute(in *StepInput) (StepOutput, error) {
 	if l.F == nil || l.KV == nil {
 		return StepOutput{}, errors.New("executor: no model or KV storage")
 	}
-	l.b = model.Batch{Tokens: in.Tokens, Pos: in.Pos, Seq: in.Seq, Logits: in.Logits}
+	l.b = model.Batch{Tokens: in.Tokens, Pos: in.Pos, Seq: in.Seq, Logits: in.Logits, KV: in.KV}
 	logits, err := l.F.Forward(&l.b, l.KV)
 	l.b = model.Batch{}
 	if err != nil {

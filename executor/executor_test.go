@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"math"
+	"pagoda/kvcache"
 	"strings"
 	"testing"
 
@@ -150,6 +151,17 @@ func equalSteps(a, b *StepInput) bool {
 	if !eq(a.Tokens, b.Tokens) || !eq(a.Pos, b.Pos) || !eq(a.Seq, b.Seq) || (a.Logits == nil) != (b.Logits == nil) || len(a.Logits) != len(b.Logits) {
 		return false
 	}
+	if (a.KV == nil) != (b.KV == nil) {
+		return false
+	}
+	if a.KV != nil {
+		pa, pb := planFields(a.KV), planFields(b.KV)
+		for i := range pa {
+			if !eq(*pa[i], *pb[i]) {
+				return false
+			}
+		}
+	}
 	for i := range a.Logits {
 		if a.Logits[i] != b.Logits[i] {
 			return false
@@ -179,4 +191,85 @@ func FuzzDecodeStep(f *testing.F) {
 			t.Fatalf("re-encoded %x, want %x", q, p)
 		}
 	})
+}
+
+// TestPipePagedPlan: the scheduler's side keeps the block tables in a KV
+// manager and plans each step; the worker's paged storage on the far side
+// of a byte pipe has never heard of the sequences and stores and attends
+// by the step's plan alone (block tables, slot mapping, spans). Its output
+// equals the in-process run bit for bit.
+func TestPipePagedPlan(t *testing.T) {
+	m := loadModel(t)
+	c := &m.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 4, NumBlocks: 64, DType: kvcache.F32, Ops: m.Ops()}
+	mgr, err := kvcache.New(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	worker, err := kvcache.New(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := NewLocal(m, mgr)
+	toWorker, fromSched := io.Pipe()
+	toSched, fromWorker := io.Pipe()
+	done := make(chan error, 1)
+	go func() {
+		err := Serve(toWorker, fromWorker, NewLocal(m, worker))
+		fromWorker.Close()
+		done <- err
+	}()
+	remote := NewRemote(toSched, fromSched)
+	// Sequence 3 forks nothing, 5 starts after a freed sequence took and
+	// returned blocks, so the pages are not simply 0, 1, 2, ….
+	if !mgr.Allocate(9, nil, 0, 10) {
+		t.Fatal("no room")
+	}
+	have := map[int32]int{}
+	for i, in := range steps(c.VocabSize) {
+		if i == 1 {
+			mgr.Free(9)
+		}
+		for j, s := range in.Seq {
+			if p := int(in.Pos[j]) + 1; p > have[s] {
+				if !mgr.Allocate(s, nil, have[s], p) {
+					t.Fatalf("step %d: no room", i)
+				}
+				have[s] = p
+			}
+		}
+		in.KV = new(model.KVPlan)
+		if err := mgr.Plan(in.Pos, in.Seq, in.KV); err != nil {
+			t.Fatal(err)
+		}
+		want, err := local.Execute(&in)
+		if err != nil {
+			t.Fatalf("step %d: local: %v", i, err)
+		}
+		got, err := remote.Execute(&in)
+		if err != nil {
+			t.Fatalf("step %d: remote: %v", i, err)
+		}
+		if len(got.Logits) != len(want.Logits) || len(got.Logits) == 0 {
+			t.Fatalf("step %d: %d logits over the pipe, %d in process", i, len(got.Logits), len(want.Logits))
+		}
+		for j := range want.Logits {
+			if math.Float32bits(got.Logits[j]) != math.Float32bits(want.Logits[j]) {
+				t.Fatalf("step %d: logit %d: %v over the pipe, %v in process", i, j, got.Logits[j], want.Logits[j])
+			}
+		}
+	}
+	if worker.NumSeqs() != 0 || worker.Usage().Used != 0 {
+		t.Fatalf("the worker's storage keeps bookkeeping: %d sequences, %d blocks used", worker.NumSeqs(), worker.Usage().Used)
+	}
+	// A plan pointing outside the worker's pages is refused, not obeyed.
+	bad := StepInput{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int32{1},
+		KV: &model.KVPlan{Runs: []int32{0, 1}, TableOff: []int32{0, 1}, Tables: []int32{1000}, Slots: []int32{4000}, SpanOff: []int32{0, 1}, Spans: []int32{0, 1}}}
+	if _, err := remote.Execute(&bad); err == nil || !strings.Contains(err.Error(), "page 1000") {
+		t.Fatalf("a plan outside the pool: got %v", err)
+	}
+	fromSched.Close()
+	if err := <-done; err != nil {
+		t.Fatalf("serve: %v", err)
+	}
 }

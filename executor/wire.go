@@ -8,13 +8,17 @@ import (
 	"io"
 	"math"
 	"sync"
+
+	"pagoda/model"
 )
 
 // The wire form of a step is a frame: a little-endian uint32 length, then
 // that many bytes, the first of which says what follows:
 //
 //	'S' StepInput:  u32 T, T×i32 tokens, T×i32 positions, T×i32 sequences,
-//	                u8 has-marks, then (if 1) T bytes of 0/1 logits marks
+//	                u8 has-marks, then (if 1) T bytes of 0/1 logits marks,
+//	                u8 has-plan, then (if 1) the KV plan's Runs, TableOff,
+//	                Tables, Slots, SpanOff, Spans, each u32 n, n×i32
 //	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact)
 //	'E' error:      the error's text
 //
@@ -43,17 +47,32 @@ func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
 		}
 	}
 	if in.Logits == nil {
+		dst = append(dst, 0)
+	} else {
+		dst = append(dst, 1)
+		for _, l := range in.Logits {
+			b := byte(0)
+			if l {
+				b = 1
+			}
+			dst = append(dst, b)
+		}
+	}
+	if in.KV == nil {
 		return append(dst, 0), nil
 	}
 	dst = append(dst, 1)
-	for _, l := range in.Logits {
-		b := byte(0)
-		if l {
-			b = 1
+	for _, s := range planFields(in.KV) {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(*s)))
+		for _, v := range *s {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
 		}
-		dst = append(dst, b)
 	}
 	return dst, nil
+}
+
+func planFields(p *model.KVPlan) [6]*[]int32 {
+	return [6]*[]int32{&p.Runs, &p.TableOff, &p.Tables, &p.Slots, &p.SpanOff, &p.Spans}
 }
 
 // DecodeStep decodes what AppendStep wrote into in, reusing its slices.
@@ -63,7 +82,7 @@ func DecodeStep(p []byte, in *StepInput) error {
 	}
 	T := int(binary.LittleEndian.Uint32(p[1:]))
 	p = p[5:]
-	if T < 0 || len(p) < 12*T+1 {
+	if T < 0 || len(p) < 12*T+2 {
 		return fmt.Errorf("executor: step of %d rows truncated (%d bytes)", T, len(p))
 	}
 	ints := func(s []int32) []int32 {
@@ -78,18 +97,49 @@ func DecodeStep(p []byte, in *StepInput) error {
 	in.Pos = ints(in.Pos)
 	in.Seq = ints(in.Seq)
 	switch {
-	case p[0] == 0 && len(p) == 1:
+	case p[0] == 0:
 		in.Logits = nil
-	case p[0] == 1 && len(p) == 1+T:
+		p = p[1:]
+	case p[0] == 1 && len(p) >= 2+T:
 		in.Logits = in.Logits[:0]
-		for _, b := range p[1:] {
+		for _, b := range p[1 : 1+T] {
 			if b > 1 {
 				return fmt.Errorf("executor: logits mark %d is not 0 or 1", b)
 			}
 			in.Logits = append(in.Logits, b == 1)
 		}
+		p = p[1+T:]
 	default:
 		return errors.New("executor: malformed logits marks")
+	}
+	switch {
+	case len(p) == 1 && p[0] == 0:
+		in.KV = nil
+		return nil
+	case len(p) == 0 || p[0] != 1:
+		return errors.New("executor: malformed KV plan")
+	}
+	p = p[1:]
+	if in.KV == nil {
+		in.KV = new(model.KVPlan)
+	}
+	for _, s := range planFields(in.KV) {
+		if len(p) < 4 {
+			return errors.New("executor: KV plan truncated")
+		}
+		n := int(binary.LittleEndian.Uint32(p))
+		p = p[4:]
+		if len(p) < 4*n {
+			return errors.New("executor: KV plan truncated")
+		}
+		*s = growInts(*s, n)
+		for i := range *s {
+			(*s)[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
+		}
+		p = p[4*n:]
+	}
+	if len(p) != 0 {
+		return fmt.Errorf("executor: %d bytes after the KV plan", len(p))
 	}
 	return nil
 }

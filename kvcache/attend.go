@@ -33,68 +33,18 @@ type groupVis struct {
 	spans []Span
 }
 
-// Begin implements model.KVCache: it resolves every row's slot through the
-// block tables and asks each group's policy what every row attends, and
-// reports an error for a row the engine allocated no slot for or whose
-// block a policy released.
+// Begin implements model.KVCache: it loads the step's plan (b.KV, or one
+// it makes with Plan when the batch carries none), so Store and Attend
+// address rows by the plan's slots and spans.
 func (c *Cache) Begin(b *model.Batch) error {
-	st := &c.step
-	st.rows, st.seqs = st.rows[:0], st.seqs[:0]
-	for i, pos := range b.Pos {
-		seq := b.Seq[i]
-		if len(st.seqs) == 0 || st.seqs[len(st.seqs)-1].id != seq {
-			t := c.tables[seq]
-			if t == nil {
-				return fmt.Errorf("kvcache: sequence %d has no blocks", seq)
-			}
-			s := stepSeq{id: seq, blocks: t.blocks, maxHole: -1}
-			for j := len(t.blocks) - 1; j >= 0 && t.holes > 0; j-- {
-				if t.blocks[j] == released {
-					s.maxHole = j
-					break
-				}
-			}
-			st.seqs = append(st.seqs, s)
+	pl := b.KV
+	if pl == nil {
+		if err := c.Plan(b.Pos, b.Seq, &c.own); err != nil {
+			return err
 		}
-		s := &st.seqs[len(st.seqs)-1]
-		s.rows++
-		blk := int(pos) / c.bs
-		if pos < 0 || blk >= len(s.blocks) {
-			return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(s.blocks))
-		}
-		if s.blocks[blk] == released {
-			return fmt.Errorf("kvcache: sequence %d position %d is in a block released by the cache policy", seq, pos)
-		}
-		st.rows = append(st.rows, stepRow{pos: pos, seq: int32(len(st.seqs) - 1), page: s.blocks[blk], slot: int32(int(pos) % c.bs)})
+		pl = &c.own
 	}
-	if len(st.vis) != len(c.groups) {
-		st.vis = make([]groupVis, len(c.groups))
-	}
-	for gi, g := range c.groups {
-		v := &st.vis[gi]
-		v.off, v.spans = append(v.off[:0], 0), v.spans[:0]
-		for _, r := range st.rows {
-			n := len(v.spans)
-			pol := c.policyOf(gi, st.seqs[r.seq].id)
-			v.spans = pol.Visible(st.seqs[r.seq].id, int(r.pos), v.spans)
-			for k, s := range v.spans[n:] {
-				if s.From < 0 || s.To > int(r.pos)+1 || s.From >= s.To || (k > 0 && s.From < v.spans[n+k-1].To) {
-					return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", pol, r.pos, st.seqs[r.seq].id, s)
-				}
-			}
-			v.off = append(v.off, int32(len(v.spans)))
-		}
-		// Each policy that keeps state sizes it for its own sequences.
-		if sp, ok := g.Policy.(stepper); ok {
-			sp.beginStep(func(seq int32) bool { return !c.routed(gi) || c.bound[seq] == nil })
-		}
-		for _, bp := range c.policies {
-			if sp, ok := bp.groups[gi].(stepper); ok && c.routed(gi) {
-				sp.beginStep(func(seq int32) bool { return c.bound[seq] == bp })
-			}
-		}
-	}
-	return nil
+	return c.load(b, pl)
 }
 
 // Store implements model.KVCache.

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"pagoda/kernels"
+	"pagoda/model"
 )
 
 // DType is the element type K and V are stored in.
@@ -142,7 +143,8 @@ type Cache struct {
 	lossy  []bool // per group: its policy drops positions on purpose
 	ops    *kernels.Ops
 
-	step    step // the batch Begin prepared
+	step    step         // the batch Begin prepared
+	own     model.KVPlan // the plan Begin makes for a batch that carries none
 	scratch sync.Pool
 
 	// Policies per sequence (seqpolicy.go).
