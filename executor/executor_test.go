@@ -206,7 +206,7 @@ func TestPipePagedPlan(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	worker, err := kvcache.New(kc)
+	worker, err := kvcache.NewStorage(kc)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -259,14 +259,15 @@ func TestPipePagedPlan(t *testing.T) {
 			}
 		}
 	}
-	if worker.NumSeqs() != 0 || worker.Usage().Used != 0 {
-		t.Fatalf("the worker's storage keeps bookkeeping: %d sequences, %d blocks used", worker.NumSeqs(), worker.Usage().Used)
-	}
 	// A plan pointing outside the worker's pages is refused, not obeyed.
 	bad := StepInput{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int32{1},
 		KV: &model.KVPlan{Runs: []int32{0, 1}, TableOff: []int32{0, 1}, Tables: []int32{1000}, Slots: []int32{4000}, SpanOff: []int32{0, 1}, Spans: []int32{0, 1}}}
 	if _, err := remote.Execute(&bad); err == nil || !strings.Contains(err.Error(), "page 1000") {
 		t.Fatalf("a plan outside the pool: got %v", err)
+	}
+	// Storage alone cannot plan: a step without a plan is refused.
+	if _, err := remote.Execute(&StepInput{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int32{1}}); err == nil || !strings.Contains(err.Error(), "without a KV plan") {
+		t.Fatalf("a step without a plan: got %v", err)
 	}
 	fromSched.Close()
 	if err := <-done; err != nil {

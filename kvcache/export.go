@@ -25,9 +25,9 @@ type pageCodec interface {
 
 // ExportPages appends the K/V of pages (layer by layer, keys then values,
 // pages in the order given; released entries, -1, are skipped) to dst.
-func (c *Cache) ExportPages(dst []byte, pages []int32) ([]byte, error) {
-	for li := range c.layers {
-		for _, p := range c.layerPages(li) {
+func (kv *Storage) ExportPages(dst []byte, pages []int32) ([]byte, error) {
+	for li := range kv.layers {
+		for _, p := range kv.layerPages(li) {
 			pc, ok := codecOf(p)
 			if !ok {
 				return dst, fmt.Errorf("kvcache: pages of %T cannot be exported", p)
@@ -45,9 +45,9 @@ func (c *Cache) ExportPages(dst []byte, pages []int32) ([]byte, error) {
 // ImportPages writes what ExportPages gave into pages (the importing
 // side's block table for the same positions, released entries in the same
 // places), checking that src is exactly that much data.
-func (c *Cache) ImportPages(pages []int32, src []byte) error {
-	for li := range c.layers {
-		for _, p := range c.layerPages(li) {
+func (kv *Storage) ImportPages(pages []int32, src []byte) error {
+	for li := range kv.layers {
+		for _, p := range kv.layerPages(li) {
 			pc, ok := codecOf(p)
 			if !ok {
 				return fmt.Errorf("kvcache: pages of %T cannot be imported", p)
@@ -56,8 +56,8 @@ func (c *Cache) ImportPages(pages []int32, src []byte) error {
 				if pg == released {
 					continue
 				}
-				if pg < 0 || int(pg) >= len(c.pool.blocks) {
-					return fmt.Errorf("kvcache: import into page %d of %d", pg, len(c.pool.blocks))
+				if pg < 0 || int(pg) >= kv.npages {
+					return fmt.Errorf("kvcache: import into page %d of %d", pg, kv.npages)
 				}
 				n, err := pc.SetPage(int(pg), src)
 				if err != nil {
@@ -73,8 +73,8 @@ func (c *Cache) ImportPages(pages []int32, src []byte) error {
 	return nil
 }
 
-func (c *Cache) layerPages(li int) []Pages {
-	ls := &c.layers[li]
+func (kv *Storage) layerPages(li int) []Pages {
+	ls := &kv.layers[li]
 	if ls.v == nil {
 		return []Pages{ls.k}
 	}

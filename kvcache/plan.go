@@ -1,6 +1,7 @@
 package kvcache
 
 import (
+	"errors"
 	"fmt"
 
 	"pagoda/model"
@@ -12,6 +13,37 @@ import (
 // it attends into a model.KVPlan; load, on the storage's side, reads only
 // that plan and the batch's positions. A storage on another process gets
 // the plan with the step and needs no sequence tables of its own.
+
+// Begin implements model.KVCache: it loads the step's plan (b.KV, or one
+// it makes with Plan when the batch carries none) into the storage, and
+// lets the policies that keep state size it for the step.
+func (c *Cache) Begin(b *model.Batch) error {
+	pl := b.KV
+	if pl == nil {
+		if err := c.Plan(b.Pos, b.Seq, &c.own); err != nil {
+			return err
+		}
+		pl = &c.own
+	}
+	if len(c.layers) == 0 {
+		return errors.New("kvcache: a KV manager without storage (NewManager) cannot run a step")
+	}
+	if err := c.load(b, pl); err != nil {
+		return err
+	}
+	for gi, g := range c.groups {
+		// Each policy that keeps state sizes it for its own sequences.
+		if sp, ok := g.Policy.(stepper); ok {
+			sp.beginStep(func(seq int32) bool { return !c.routed(gi) || c.bound[seq] == nil })
+		}
+		for _, bp := range c.policies {
+			if sp, ok := bp.groups[gi].(stepper); ok && c.routed(gi) {
+				sp.beginStep(func(seq int32) bool { return c.bound[seq] == bp })
+			}
+		}
+	}
+	return nil
+}
 
 // Plan resolves the slot of every row (positions pos of sequences seq, in
 // batch order) through the block tables and asks each group's policy what
@@ -64,16 +96,16 @@ func (c *Cache) Plan(pos, seq []int32, dst *model.KVPlan) error {
 // load prepares the storage for a forward pass over b as pl plans it,
 // checking that the plan addresses pages of this storage consistently
 // (it may come from another process).
-func (c *Cache) load(b *model.Batch, pl *model.KVPlan) error {
-	T, G := len(b.Pos), len(c.groups)
+func (kv *Storage) load(b *model.Batch, pl *model.KVPlan) error {
+	T, G := len(b.Pos), len(kv.groups)
 	nr := len(pl.Runs) - 1
 	if nr < 0 || len(pl.TableOff) != nr+1 || len(pl.Slots) != T || len(pl.SpanOff) != G*(T+1) || pl.Runs[nr] != int32(T) {
 		return fmt.Errorf("kvcache: a plan of %d runs, %d slots, %d span offsets for %d rows and %d layer groups",
 			nr, len(pl.Slots), len(pl.SpanOff), T, G)
 	}
-	st := &c.step
+	st := &kv.step
 	st.rows, st.seqs = st.rows[:0], st.seqs[:0]
-	npages := int32(len(c.pool.blocks))
+	npages := int32(kv.npages)
 	for r := range nr {
 		lo, hi := pl.Runs[r], pl.Runs[r+1]
 		tl, th := pl.TableOff[r], pl.TableOff[r+1]
@@ -91,30 +123,21 @@ func (c *Cache) load(b *model.Batch, pl *model.KVPlan) error {
 		}
 		for i := lo; i < hi; i++ {
 			pos, slot := b.Pos[i], pl.Slots[i]
-			blk := int(pos) / c.bs
+			blk := int(pos) / kv.bs
 			if b.Seq[i] != s.id || pos < 0 || blk >= len(s.blocks) || s.blocks[blk] == released ||
-				slot != s.blocks[blk]*int32(c.bs)+pos%int32(c.bs) {
+				slot != s.blocks[blk]*int32(kv.bs)+pos%int32(kv.bs) {
 				return fmt.Errorf("kvcache: plan row %d (sequence %d position %d) has slot %d outside its table", i, b.Seq[i], pos, slot)
 			}
-			st.rows = append(st.rows, stepRow{pos: pos, seq: int32(len(st.seqs)), page: slot / int32(c.bs), slot: slot % int32(c.bs)})
+			st.rows = append(st.rows, stepRow{pos: pos, seq: int32(len(st.seqs)), page: slot / int32(kv.bs), slot: slot % int32(kv.bs)})
 		}
 		st.seqs = append(st.seqs, s)
 	}
 	if len(st.vis) != G {
 		st.vis = make([]groupVis, G)
 	}
-	for gi, g := range c.groups {
-		if err := c.loadSpans(&st.vis[gi], pl, gi, b.Pos); err != nil {
+	for gi := range kv.groups {
+		if err := kv.loadSpans(&st.vis[gi], pl, gi, b.Pos); err != nil {
 			return err
-		}
-		// Each policy that keeps state sizes it for its own sequences.
-		if sp, ok := g.Policy.(stepper); ok {
-			sp.beginStep(func(seq int32) bool { return !c.routed(gi) || c.bound[seq] == nil })
-		}
-		for _, bp := range c.policies {
-			if sp, ok := bp.groups[gi].(stepper); ok && c.routed(gi) {
-				sp.beginStep(func(seq int32) bool { return c.bound[seq] == bp })
-			}
 		}
 	}
 	return nil
@@ -122,7 +145,7 @@ func (c *Cache) load(b *model.Batch, pl *model.KVPlan) error {
 
 // loadSpans copies group gi's spans of the plan into v, checking that
 // every row's spans are ordered and causal.
-func (c *Cache) loadSpans(v *groupVis, pl *model.KVPlan, gi int, pos []int32) error {
+func (kv *Storage) loadSpans(v *groupVis, pl *model.KVPlan, gi int, pos []int32) error {
 	T := len(pos)
 	off := pl.SpanOff[gi*(T+1) : (gi+1)*(T+1)]
 	v.off, v.spans = append(v.off[:0], 0), v.spans[:0]
