@@ -12,6 +12,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"pagoda/executor"
 	"pagoda/kernels"
 	"pagoda/kvcache"
 	"pagoda/model"
@@ -21,10 +22,10 @@ import (
 )
 
 // Forwarder is what the engine needs of a model: one forward pass over a
-// flat batch, reading and writing K/V through kv. *model.Model satisfies it.
-type Forwarder interface {
-	Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
-}
+// flat batch, reading and writing K/V through kv. *model.Model satisfies
+// it. The engine reaches it only through an executor (executor.Local), so
+// every step it runs is plain data that could go to another process.
+type Forwarder = executor.Forwarder
 
 // Config sets up an Engine. The shape fields come from the model's config.
 type Config struct {
@@ -137,7 +138,8 @@ type Stats struct {
 // Start) owns the scheduler and the KV cache; Submit, Stats and Stop may be
 // called from any goroutine.
 type Engine struct {
-	fw     Forwarder
+	// ex runs the steps: in this process, the model over e.kv.
+	ex     executor.Executor
 	maxLen int // tokens a sequence may reach: ContextLen, or more under a streaming policy
 	tok    tokenizer.Tokenizer
 	vocab  *tokenizer.Vocab
@@ -162,7 +164,8 @@ type Engine struct {
 	sch       *scheduler
 	st        Stats
 	blockWant []chan kvcache.BlockMap // Blocks callers, answered at publish
-	batch     model.Batch
+	in        executor.StepInput      // the step being built, reused
+	plan      model.KVPlan            // its KV plan, from the KV manager
 	scratch   []float32
 
 	specMax   int       // Config.Spec.Tokens, defaulted
@@ -285,7 +288,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		km = specKV{kv, cfg.Spec.Proposer}
 	}
 	e := &Engine{
-		fw: fw, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
+		ex: executor.NewLocal(fw, kv), tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
 		maxLen: cfg.ContextLen,
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}), forceCh: make(chan struct{}), done: make(chan struct{}),

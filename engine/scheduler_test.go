@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"pagoda/kvcache"
+	"pagoda/model"
 )
 
 // schedReq is a request of a scheduler scenario. Its prompt is plen
@@ -339,13 +340,13 @@ func TestSchedulerDrafts(t *testing.T) {
 			var e Engine
 			e.buildBatch(p)
 			flags := ""
-			for _, l := range e.batch.Logits {
+			for _, l := range e.in.Logits {
 				flags += map[bool]string{true: "1", false: "0"}[l]
 			}
 			planned := p.seqs[0].draft
 			wantTokens := append([]int32{first}, planned...)
-			if flags != tc.flags || !slices.Equal(e.batch.Tokens, wantTokens) || e.batch.Pos[0] != 7 {
-				t.Fatalf("batch tokens %v pos %v logits %s, want %v from 7, %s", e.batch.Tokens, e.batch.Pos, flags, wantTokens, tc.flags)
+			if flags != tc.flags || !slices.Equal(e.in.Tokens, wantTokens) || e.in.Pos[0] != 7 {
+				t.Fatalf("batch tokens %v pos %v logits %s, want %v from 7, %s", e.in.Tokens, e.in.Pos, flags, wantTokens, tc.flags)
 			}
 
 			h.sc.Update(p, []outcome{{accepted: tc.accepted, next: next}})
@@ -385,5 +386,66 @@ func TestSchedulerDrafts(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
+	}
+}
+
+// TestSchedulerManagerNoStorage drives the scheduler and a KV manager that
+// has no storage at all (kvcache.NewManager) through a workload with
+// preemption and n > 1, planning every step as the engine does: every
+// row gets a slot in an allocated page of its own sequence, no two rows of
+// a step share a slot, and everything is given back at the end.
+func TestSchedulerManagerNoStorage(t *testing.T) {
+	kv, err := kvcache.NewManager(kvcache.Config{NLayer: 2, NKVHead: 1, HeadDim: 8, BlockSize: 4, NumBlocks: 12, DType: kvcache.F32, PrefixCache: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &schedHarness{sc: newScheduler(Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 16}, kv), kv: kv}
+	for k := range 6 {
+		prompt := make([]int32, 5+3*k)
+		for i := range prompt {
+			prompt[i] = int32(1 + (i*5+k)%9)
+		}
+		h.submit(prompt, 1+k%2, 6+k)
+	}
+	var e Engine
+	var plan model.KVPlan
+	preempted := 0
+	for steps := 0; !h.sc.idle(); steps++ {
+		if steps > 500 {
+			t.Fatal("no progress")
+		}
+		p := h.sc.Schedule()
+		preempted += len(p.preempted)
+		e.buildBatch(p)
+		if len(e.in.Tokens) > 0 {
+			if err := kv.Plan(e.in.Pos, e.in.Seq, &plan); err != nil {
+				t.Fatalf("step %d: %v", steps, err)
+			}
+			seen := map[int32]bool{}
+			for i, slot := range plan.Slots {
+				tab := kv.Table(e.in.Seq[i])
+				blk := int(e.in.Pos[i]) / 4
+				if blk >= len(tab) || slot != tab[blk]*4+e.in.Pos[i]%4 || seen[slot] {
+					t.Fatalf("step %d row %d: slot %d, table %v, position %d", steps, i, slot, tab, e.in.Pos[i])
+				}
+				seen[slot] = true
+			}
+			if err := kv.Begin(&model.Batch{Tokens: e.in.Tokens, Pos: e.in.Pos, Seq: e.in.Seq, KV: &plan}); err == nil {
+				t.Fatal("a manager without storage ran a step")
+			}
+		}
+		h.sc.Update(p, h.outcomes(p))
+		if err := kv.Check(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if preempted == 0 {
+		t.Fatal("the workload never preempted: the test shows less than it says")
+	}
+	if u := kv.Usage(); u.Used != 0 || u.Seqs != 0 {
+		t.Fatalf("blocks leaked: %+v", u)
+	}
+	if _, err := kvcache.NewManager(kvcache.Config{NLayer: 1, NKVHead: 1, HeadDim: 8, NumBlocks: 4, Policy: kvcache.NewQuest(16, 0)}); err == nil {
+		t.Fatal("a manager without storage took Quest, which reads the stored keys")
 	}
 }

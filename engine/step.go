@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"pagoda/executor"
 	"pagoda/sample"
 	"pagoda/spec"
 )
@@ -25,7 +26,15 @@ func (e *Engine) step() bool {
 	e.buildBatch(p)
 	e.st.Steps++
 	e.st.BatchedTokens += uint64(p.tokens)
-	logits, err := e.fw.Forward(&e.batch, e.kv)
+	// The KV manager writes the block tables, slot mapping and spans into
+	// the step, so the executor's storage looks nothing up.
+	err := e.kv.Plan(e.in.Pos, e.in.Seq, &e.plan)
+	e.in.KV = &e.plan
+	var out executor.StepOutput
+	if err == nil {
+		out, err = e.ex.Execute(&e.in)
+	}
+	logits := out.Logits
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
 		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), p.rows, e.cfg.VocabSize)
 	}
@@ -54,9 +63,9 @@ func (e *Engine) account(p *plan) {
 	e.m.preemptions.Add(float64(len(p.preempted)))
 }
 
-// buildBatch flattens the plan into the model's batch.
+// buildBatch flattens the plan into the step's input.
 func (e *Engine) buildBatch(p *plan) {
-	b := &e.batch
+	b := &e.in
 	b.Tokens, b.Pos, b.Seq, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Logits[:0]
 	for i := range p.seqs {
 		w := &p.seqs[i]

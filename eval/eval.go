@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"pagoda/executor"
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/sample"
@@ -98,6 +99,7 @@ type Report struct {
 type run struct {
 	cfg   Config
 	cache *kvcache.Cache
+	ex    *executor.Local // the model over cache
 	bs    int
 	res   Result
 	// accumulators
@@ -222,13 +224,13 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 			if p == 0 && o.Prefill > 0 {
 				q = o.Prefill
 			}
-			b := &model.Batch{Tokens: seg[p:q], Pos: make([]int32, q-p), Seq: make([]int32, q-p), Logits: make([]bool, q-p)}
+			b := &executor.StepInput{Tokens: seg[p:q], Pos: make([]int32, q-p), Seq: make([]int32, q-p), Logits: make([]bool, q-p)}
 			for i := range b.Pos {
 				b.Pos[i], b.Logits[i] = int32(p+i), true
 			}
 			var refLogits []float32
 			for ri, r := range runs {
-				logits, err := r.step(m, b, seg, q)
+				logits, err := r.step(b, seg, q)
 				if err != nil {
 					return nil, fmt.Errorf("eval: %s: %w", r.cfg.Name, err)
 				}
@@ -316,6 +318,7 @@ func (r *run) open(c *model.Config, n int) error {
 		return err
 	}
 	r.cache, r.bs = cache, cache.BlockSize()
+	r.ex = executor.NewLocal(r.m, cache)
 	return nil
 }
 
@@ -334,13 +337,14 @@ func policyGroups(c *model.Config, newPolicy func() kvcache.Policy) []kvcache.Gr
 }
 
 // step allocates, runs b and commits; q is the tokens computed after it.
-func (r *run) step(m *model.Model, b *model.Batch, seg []int32, q int) ([]float32, error) {
+func (r *run) step(b *executor.StepInput, seg []int32, q int) ([]float32, error) {
 	p := int(b.Pos[0])
 	if !r.cache.Allocate(0, nil, p, q) {
 		return nil, fmt.Errorf("cache full at position %d", p)
 	}
 	t0 := time.Now()
-	logits, err := m.Forward(b, r.cache)
+	out, err := r.ex.Execute(b)
+	logits := out.Logits
 	r.elapsed += time.Since(t0)
 	r.fwd += len(b.Tokens)
 	if err != nil {

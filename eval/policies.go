@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync"
 
+	"pagoda/executor"
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/sample"
@@ -158,19 +159,20 @@ func calibrateChannels(m *model.Model, n int, seed uint64) (*kvcache.ChannelStat
 	if len(toks) == 0 {
 		toks = []int32{1}
 	}
-	flat := model.NewFlatCache(c, 1, n)
+	flat := executor.NewLocal(m, model.NewFlatCache(c, 1, n))
 	rng := rand.New(rand.NewPCG(seed, 77))
 	lsm := make([]float32, c.VocabSize)
 	for p := 0; len(toks) < n; { // p: tokens in the cache
-		b := &model.Batch{Tokens: toks[p:], Logits: make([]bool, len(toks)-p)}
+		b := &executor.StepInput{Tokens: toks[p:], Logits: make([]bool, len(toks)-p)}
 		for i := p; i < len(toks); i++ {
 			b.Pos, b.Seq = append(b.Pos, int32(i)), append(b.Seq, 0)
 		}
 		b.Logits[len(b.Logits)-1] = true
-		lg, err := m.Forward(b, flat)
+		out, err := flat.Execute(b)
 		if err != nil {
 			return nil, err
 		}
+		lg := out.Logits
 		p = len(toks)
 		sample.LogSoftmax(lg[len(lg)-c.VocabSize:], lsm)
 		u, next := rng.Float64(), int32(c.VocabSize-1)
@@ -192,12 +194,12 @@ func calibrateChannels(m *model.Model, n int, seed uint64) (*kvcache.ChannelStat
 	if !cache.Allocate(0, nil, 0, n) {
 		return nil, fmt.Errorf("no room for %d tokens", n)
 	}
-	b := &model.Batch{Tokens: toks, Logits: make([]bool, n)}
+	b := &executor.StepInput{Tokens: toks, Logits: make([]bool, n)}
 	b.Logits[n-1] = true
 	for i := range toks {
 		b.Pos, b.Seq = append(b.Pos, int32(i)), append(b.Seq, 0)
 	}
-	if _, err := m.Forward(b, cache); err != nil {
+	if _, err := executor.NewLocal(m, cache).Execute(b); err != nil {
 		return nil, err
 	}
 	if err := stats.Keys(cache, 0, n); err != nil {

@@ -10,6 +10,7 @@ import (
 	"math"
 	"strings"
 
+	"pagoda/executor"
 	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/tokenizer"
@@ -80,7 +81,8 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 	if err != nil {
 		return nil, err
 	}
-	logits, err := prefill(m, cache, prompt, o.PrefillChunk)
+	ex := executor.NewLocal(m, cache)
+	logits, err := prefill(ex, prompt, o.PrefillChunk)
 	if err != nil {
 		return nil, err
 	}
@@ -92,6 +94,7 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 		ts = tokenizer.NewTextStream(tok, prompt, o.StopStrings)
 	}
 	logp := make([]float32, len(logits))
+	dec := executor.StepInput{Tokens: make([]int32, 1), Pos: make([]int32, 1), Seq: make([]int32, 1)}
 	for step := 0; step < maxNew; step++ {
 		if err := ctx.Err(); err != nil {
 			return res, err
@@ -146,10 +149,12 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 			break
 		}
 		pos := int32(len(history) - 1)
-		logits, err = m.Forward(&model.Batch{Tokens: []int32{id}, Pos: []int32{pos}, Seq: []int32{0}}, cache)
+		dec.Tokens[0], dec.Pos[0] = id, pos
+		out, err := ex.Execute(&dec)
 		if err != nil {
 			return res, err
 		}
+		logits = out.Logits
 	}
 	if res.FinishReason == "length" && ts != nil {
 		if rest := ts.Flush(); rest != "" {
@@ -163,22 +168,22 @@ func Generate(ctx context.Context, m *model.Model, tok tokenizer.Tokenizer, prom
 	return res, nil
 }
 
-func prefill(m *model.Model, cache model.KVCache, prompt []int32, chunk int) ([]float32, error) {
+func prefill(ex executor.Executor, prompt []int32, chunk int) ([]float32, error) {
 	if chunk <= 0 {
 		chunk = len(prompt)
 	}
 	var logits []float32
 	for lo := 0; lo < len(prompt); lo += chunk {
 		hi := min(lo+chunk, len(prompt))
-		b := &model.Batch{Tokens: prompt[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
+		b := &executor.StepInput{Tokens: prompt[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
 		for i := range b.Pos {
 			b.Pos[i] = int32(lo + i)
 		}
-		var err error
-		logits, err = m.Forward(b, cache)
+		out, err := ex.Execute(b)
 		if err != nil {
 			return nil, err
 		}
+		logits = out.Logits
 	}
 	return logits, nil
 }
@@ -214,20 +219,22 @@ func ScoreTokensCache(m *model.Model, tokens []int32, keepLogits bool, chunk int
 	if err != nil {
 		return nil, err
 	}
+	ex := executor.NewLocal(m, cache)
 	sc := &Score{}
 	lsm := make([]float32, c.VocabSize)
 	for lo := 0; lo < len(tokens); lo += chunk {
 		hi := min(lo+chunk, len(tokens))
 		n := hi - lo
-		b := &model.Batch{Tokens: tokens[lo:hi], Pos: make([]int32, n), Seq: make([]int32, n), Logits: make([]bool, n)}
+		b := &executor.StepInput{Tokens: tokens[lo:hi], Pos: make([]int32, n), Seq: make([]int32, n), Logits: make([]bool, n)}
 		for i := range b.Pos {
 			b.Pos[i] = int32(lo + i)
 			b.Logits[i] = true
 		}
-		logits, err := m.Forward(b, cache)
+		out, err := ex.Execute(b)
 		if err != nil {
 			return nil, err
 		}
+		logits := out.Logits
 		for i := 0; i < n; i++ {
 			row := logits[i*c.VocabSize : (i+1)*c.VocabSize]
 			if keepLogits {

@@ -33,77 +33,13 @@ type groupVis struct {
 	spans []Span
 }
 
-// Begin implements model.KVCache: it resolves every row's slot through the
-// block tables and asks each group's policy what every row attends, and
-// reports an error for a row the engine allocated no slot for or whose
-// block a policy released.
-func (c *Cache) Begin(b *model.Batch) error {
-	st := &c.step
-	st.rows, st.seqs = st.rows[:0], st.seqs[:0]
-	for i, pos := range b.Pos {
-		seq := b.Seq[i]
-		if len(st.seqs) == 0 || st.seqs[len(st.seqs)-1].id != seq {
-			t := c.tables[seq]
-			if t == nil {
-				return fmt.Errorf("kvcache: sequence %d has no blocks", seq)
-			}
-			s := stepSeq{id: seq, blocks: t.blocks, maxHole: -1}
-			for j := len(t.blocks) - 1; j >= 0 && t.holes > 0; j-- {
-				if t.blocks[j] == released {
-					s.maxHole = j
-					break
-				}
-			}
-			st.seqs = append(st.seqs, s)
-		}
-		s := &st.seqs[len(st.seqs)-1]
-		s.rows++
-		blk := int(pos) / c.bs
-		if pos < 0 || blk >= len(s.blocks) {
-			return fmt.Errorf("kvcache: sequence %d position %d outside its %d blocks", seq, pos, len(s.blocks))
-		}
-		if s.blocks[blk] == released {
-			return fmt.Errorf("kvcache: sequence %d position %d is in a block released by the cache policy", seq, pos)
-		}
-		st.rows = append(st.rows, stepRow{pos: pos, seq: int32(len(st.seqs) - 1), page: s.blocks[blk], slot: int32(int(pos) % c.bs)})
-	}
-	if len(st.vis) != len(c.groups) {
-		st.vis = make([]groupVis, len(c.groups))
-	}
-	for gi, g := range c.groups {
-		v := &st.vis[gi]
-		v.off, v.spans = append(v.off[:0], 0), v.spans[:0]
-		for _, r := range st.rows {
-			n := len(v.spans)
-			pol := c.policyOf(gi, st.seqs[r.seq].id)
-			v.spans = pol.Visible(st.seqs[r.seq].id, int(r.pos), v.spans)
-			for k, s := range v.spans[n:] {
-				if s.From < 0 || s.To > int(r.pos)+1 || s.From >= s.To || (k > 0 && s.From < v.spans[n+k-1].To) {
-					return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", pol, r.pos, st.seqs[r.seq].id, s)
-				}
-			}
-			v.off = append(v.off, int32(len(v.spans)))
-		}
-		// Each policy that keeps state sizes it for its own sequences.
-		if sp, ok := g.Policy.(stepper); ok {
-			sp.beginStep(func(seq int32) bool { return !c.routed(gi) || c.bound[seq] == nil })
-		}
-		for _, bp := range c.policies {
-			if sp, ok := bp.groups[gi].(stepper); ok && c.routed(gi) {
-				sp.beginStep(func(seq int32) bool { return c.bound[seq] == bp })
-			}
-		}
-	}
-	return nil
-}
-
 // Store implements model.KVCache.
-func (c *Cache) Store(layer, row int, k, v []float32) {
-	r := &c.step.rows[row]
-	ls := &c.layers[layer]
-	put(ls.k, &c.step.seqs[r.seq], r, k)
+func (kv *Storage) Store(layer, row int, k, v []float32) {
+	r := &kv.step.rows[row]
+	ls := &kv.layers[layer]
+	put(ls.k, &kv.step.seqs[r.seq], r, k)
 	if ls.v != nil {
-		put(ls.v, &c.step.seqs[r.seq], r, v)
+		put(ls.v, &kv.step.seqs[r.seq], r, v)
 	}
 }
 
@@ -139,11 +75,11 @@ type attnScratch struct {
 // first, then the weighted values. A query's result does not depend on
 // the other queries in the call: pages are visited in position order and
 // split at the same places whatever the chunk.
-func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) {
-	st := &c.step
-	ls := &c.layers[layer]
+func (kv *Storage) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) {
+	st := &kv.step
+	ls := &kv.layers[layer]
 	gi := ls.group
-	g := &c.groups[gi]
+	g := &kv.groups[gi]
 	vp, vd := ls.v, g.VDim
 	if vp == nil {
 		vp, vd = ls.k, g.KDim
@@ -153,14 +89,14 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 			p.NHead, p.NKVHead, p.HeadDim, layer, g.NKVHead, g.KDim))
 	}
 	sq := &st.seqs[st.rows[lo].seq]
-	pol := c.policyOf(gi, sq.id)
-	sc, _ := c.scratch.Get().(*attnScratch)
+	pol := kv.policyOf(gi, sq.id)
+	sc, _ := kv.scratch.Get().(*attnScratch)
 	if sc == nil {
 		sc = new(attnScratch)
 	}
-	defer c.scratch.Put(sc)
+	defer kv.scratch.Put(sc)
 	group, n := p.NHead/p.NKVHead, hi-lo
-	total := c.clip(sc, sq, gi, lo, hi, p.Window, group)
+	total := kv.clip(sc, sq, gi, lo, hi, p.Window, group)
 	if cap(sc.scores) < total {
 		sc.scores = make([]float32, total)
 	}
@@ -171,18 +107,18 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 		sc.all, sc.allSo = append(sc.all[:0], sc.spans...), append(sc.allSo[:0], sc.so...)
 	}
 	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
-	shifted := c.shiftQueries(sc, pol, sq.id, q[:n*qd], qd)
+	shifted := kv.shiftQueries(sc, pol, sq.id, q[:n*qd], qd)
 	for kh := 0; kh < p.NKVHead; kh++ {
 		if sel != nil {
-			c.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
+			kv.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
 				return q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
 			}, n, group)
 		}
-		c.walk(sc, sq, n, func(i, blk, page, from, to, col int) {
+		kv.walk(sc, sq, n, func(i, blk, page, from, to, col int) {
 			qi := q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
 			if shifted && sc.shift[i] != 0 {
 				// Keys below the bound are scored from the shifted query.
-				b := sc.below[i] - blk*c.bs
+				b := sc.below[i] - blk*kv.bs
 				qs := sc.qrot[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
 				if b >= to {
 					qi = qs
@@ -201,14 +137,14 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 					continue
 				}
 				row := scores[sc.base[i]+j*L : sc.base[i]+(j+1)*L]
-				c.ops.ScaleF32(row, p.Scale)
-				c.ops.Softmax(row)
+				kv.ops.ScaleF32(row, p.Scale)
+				kv.ops.Softmax(row)
 				if obs != nil {
 					obs.ObserveScores(layer, sq.id, sc.pos[i], kh*group+j, sc.spans[sc.so[i]:sc.so[i+1]], row)
 				}
 			}
 		}
-		c.walk(sc, sq, n, func(i, _, page, from, to, col int) {
+		kv.walk(sc, sq, n, func(i, _, page, from, to, col int) {
 			oi := out[i*od+kh*group*vd : i*od+(kh+1)*group*vd]
 			vp.Mix(oi, scores[sc.base[i]+col:], sc.ln[i], page, kh, from, to)
 		})
@@ -218,8 +154,8 @@ func (c *Cache) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) 
 // clip fills sc with the spans of rows [lo, hi) that group gi's policy
 // and the model's window both let each query see, and returns the scores
 // the call needs: visible positions times the GQA group, over all queries.
-func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int) int {
-	st, vis := &c.step, &c.step.vis[gi]
+func (kv *Storage) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int) int {
+	st, vis := &kv.step, &kv.step.vis[gi]
 	sc.spans, sc.so, sc.ln, sc.base, sc.pos = sc.spans[:0], sc.so[:0], sc.ln[:0], sc.base[:0], sc.pos[:0]
 	total := 0
 	for r := lo; r < hi; r++ {
@@ -234,11 +170,11 @@ func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int
 		// A window wider than the cache policy's (or none) would read
 		// blocks the cache has handed to someone else: wrong output,
 		// silently, unless the policy drops positions on purpose.
-		if sq.maxHole >= wlo/c.bs && !c.lossyOf(gi, sq.id) {
-			for b := wlo / c.bs; b <= min(sq.maxHole, pos/c.bs); b++ {
+		if sq.maxHole >= wlo/kv.bs && !kv.lossyOf(gi, sq.id) {
+			for b := wlo / kv.bs; b <= min(sq.maxHole, pos/kv.bs); b++ {
 				if sq.blocks[b] == released {
 					panic(fmt.Sprintf("kvcache: attend from position %d of sequence %d with window %d reads position %d, released by the cache policy %v",
-						pos, sq.id, window, b*c.bs, c.policyOf(gi, sq.id)))
+						pos, sq.id, window, b*kv.bs, kv.policyOf(gi, sq.id)))
 				}
 			}
 		}
@@ -259,7 +195,7 @@ func (c *Cache) clip(sc *attnScratch, sq *stepSeq, gi, lo, hi, window, group int
 
 // shiftQueries asks a QueryShifter where each query's positions move and
 // rotates the queries that move into sc.qrot; false when none does.
-func (c *Cache) shiftQueries(sc *attnScratch, pol Policy, seq int32, q []float32, qd int) bool {
+func (kv *Storage) shiftQueries(sc *attnScratch, pol Policy, seq int32, q []float32, qd int) bool {
 	qs, ok := pol.(QueryShifter)
 	if !ok {
 		return false
@@ -282,7 +218,7 @@ func (c *Cache) shiftQueries(sc *attnScratch, pol Policy, seq int32, q []float32
 	copy(sc.qrot, q)
 	for i := 0; i < n; i++ {
 		if sc.shift[i] != 0 {
-			c.cfg.Rope.rotate(c.ops.RoPE, sc.qrot[i*qd:(i+1)*qd], sc.shift[i])
+			kv.rope.rotate(kv.ops.RoPE, sc.qrot[i*qd:(i+1)*qd], sc.shift[i])
 		}
 	}
 	return true
@@ -290,7 +226,7 @@ func (c *Cache) shiftQueries(sc *attnScratch, pol Policy, seq int32, q []float32
 
 // selectSpans narrows every query's spans to what sel reads for KV head
 // kh, recomputing the score layout; it only ever shrinks what clip sized.
-func (c *Cache) selectSpans(sc *attnScratch, sel PageSelector, layer int, seq int32, kh int, qOf func(int) []float32, n, group int) {
+func (kv *Storage) selectSpans(sc *attnScratch, sel PageSelector, layer int, seq int32, kh int, qOf func(int) []float32, n, group int) {
 	sc.spans, sc.so = sc.spans[:0], sc.so[:0]
 	total := 0
 	for i := 0; i < n; i++ {
@@ -326,23 +262,23 @@ func inside(s Span, all []Span) bool {
 // fn(i, blk, page, from, to, col) covers slots [from, to) of logical block
 // blk, physical page page, which are positions col.. of query i's visible
 // positions.
-func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, page, from, to, col int)) {
+func (kv *Storage) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, page, from, to, col int)) {
 	first, last := -1, -1
 	sc.cur, sc.col = sc.cur[:0], sc.col[:0]
 	for i := 0; i < n; i++ {
 		sc.cur, sc.col = append(sc.cur, sc.so[i]), append(sc.col, 0)
 		if a, b := sc.so[i], sc.so[i+1]; a < b {
-			if f := sc.spans[a].From / c.bs; first < 0 || f < first {
+			if f := sc.spans[a].From / kv.bs; first < 0 || f < first {
 				first = f
 			}
-			last = max(last, (sc.spans[b-1].To-1)/c.bs)
+			last = max(last, (sc.spans[b-1].To-1)/kv.bs)
 		}
 	}
 	if first < 0 {
 		return
 	}
 	for j := first; j <= last; j++ {
-		pLo, pHi := j*c.bs, (j+1)*c.bs
+		pLo, pHi := j*kv.bs, (j+1)*kv.bs
 		page := -2
 		for i := 0; i < n; i++ {
 			for sc.cur[i] < sc.so[i+1] {
@@ -370,18 +306,21 @@ func (c *Cache) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, page, 
 	}
 }
 
-var _ model.KVCache = (*Cache)(nil)
+var (
+	_ model.KVCache = (*Cache)(nil)
+	_ model.KVCache = (*Storage)(nil)
+)
 
 // ParallelAttend tells the model that Attend may run concurrently for
 // different rows once their K/V are stored: it reads the prepared step and
 // the storage only, and its scratch comes from a sync.Pool.
-func (c *Cache) ParallelAttend() bool { return true }
+func (kv *Storage) ParallelAttend() bool { return true }
 
 // stepSeq is seq's entry in the prepared step (nil if it has no rows).
-func (c *Cache) stepSeq(seq int32) *stepSeq {
-	for i := range c.step.seqs {
-		if c.step.seqs[i].id == seq {
-			return &c.step.seqs[i]
+func (kv *Storage) stepSeq(seq int32) *stepSeq {
+	for i := range kv.step.seqs {
+		if kv.step.seqs[i].id == seq {
+			return &kv.step.seqs[i]
 		}
 	}
 	return nil

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"math"
 	"strings"
-	"sync"
 
 	"pagoda/kernels"
+	"pagoda/model"
 )
 
 // DType is the element type K and V are stored in.
@@ -128,22 +128,21 @@ type layerStore struct {
 	group int
 }
 
-// Cache is the paged KV cache: block pool, block tables and storage. It is
-// not safe for concurrent mutation: one goroutine (the engine's) allocates
-// and frees. Store and Attend may run concurrently with each other during a
-// forward pass, as long as no table changes meanwhile.
+// Cache is the paged KV cache as one process runs it: the KV manager
+// (block pool, block tables, prefix hashes, the policies' decisions) over
+// its Storage (the pages, Store and Attend), which it embeds. The two meet
+// only in the step's plan (plan.go): Plan on the manager's side writes
+// where each row lives and what it sees, the storage loads that plan.
+// It is not safe for concurrent mutation: one goroutine (the engine's)
+// allocates and frees. Store and Attend may run concurrently with each
+// other during a forward pass, as long as no table changes meanwhile.
 type Cache struct {
+	Storage
 	cfg    Config
-	bs     int
 	pool   *Pool
 	tables map[int32]*seqTable
-	groups []GroupSpec
-	layers []layerStore
-	lossy  []bool // per group: its policy drops positions on purpose
-	ops    *kernels.Ops
-
-	step    step // the batch Begin prepared
-	scratch sync.Pool
+	lossy  []bool       // per group: its policy drops positions on purpose
+	own    model.KVPlan // the plan Begin makes for a batch that carries none
 
 	// Policies per sequence (seqpolicy.go).
 	bound        map[int32]*seqPolicy  // sequences running a policy of their own
@@ -154,65 +153,27 @@ type Cache struct {
 	questShared  []*questState // per group: the per-sequence Quests' key bounds
 }
 
-// New allocates the storage for cfg.
-func New(cfg Config) (*Cache, error) {
-	if len(cfg.Groups) == 0 && (cfg.NLayer <= 0 || cfg.NKVHead <= 0 || cfg.HeadDim <= 0) {
-		return nil, fmt.Errorf("kvcache: bad shape: %d layers, %d kv heads, head dim %d", cfg.NLayer, cfg.NKVHead, cfg.HeadDim)
-	}
-	if cfg.BlockSize == 0 {
-		cfg.BlockSize = DefaultBlockSize
-	}
-	if cfg.BlockSize < 0 {
-		return nil, fmt.Errorf("kvcache: block size %d", cfg.BlockSize)
-	}
-	if cfg.DType > BF16 {
-		return nil, fmt.Errorf("kvcache: unknown dtype %d", cfg.DType)
-	}
-	if cfg.Window < 0 {
-		return nil, fmt.Errorf("kvcache: sliding window %d", cfg.Window)
-	}
-	groups := cfg.groups()
-	layerGroup, err := checkGroups(groups)
+// New makes a KV manager over storage allocated for cfg.
+func New(cfg Config) (*Cache, error) { return newCache(cfg, true) }
+
+// NewManager makes the KV manager alone, with no pages: a scheduler whose
+// storage is on other processes (they get each step's Plan). It allocates,
+// shares, forks and plans as New's cache does; Begin fails. Policies fed
+// by attention (H2O, SnapKV, Quest) need the storage here and are refused.
+func NewManager(cfg Config) (*Cache, error) { return newCache(cfg, false) }
+
+func newCache(cfg Config, storage bool) (*Cache, error) {
+	cfg, groups, layers, err := prepare(cfg)
 	if err != nil {
 		return nil, err
 	}
-	for _, g := range groups {
-		if err := checkBlock(g.KFormat, cfg.BlockSize); err != nil {
-			return nil, err
-		}
-		if err := checkBlock(g.VFormat, cfg.BlockSize); g.VDim > 0 && err != nil {
-			return nil, err
-		}
-	}
-	if cfg.NumBlocks == 0 {
-		if cfg.Bytes <= 0 {
-			return nil, fmt.Errorf("kvcache: neither a block count nor a byte budget given")
-		}
-		cfg.NumBlocks = int(cfg.Bytes / cfg.BlockBytes())
-		if cfg.NumBlocks == 0 {
-			return nil, fmt.Errorf("kvcache: budget %d bytes holds no block (a block takes %d bytes)", cfg.Bytes, cfg.BlockBytes())
-		}
-	}
-	if cfg.NumBlocks < 0 {
-		return nil, fmt.Errorf("kvcache: %d blocks", cfg.NumBlocks)
-	}
 	c := &Cache{
 		cfg:    cfg,
-		bs:     cfg.BlockSize,
 		pool:   NewPool(cfg.NumBlocks),
 		tables: map[int32]*seqTable{},
-		groups: groups,
-		layers: make([]layerStore, len(layerGroup)),
 		lossy:  make([]bool, len(groups)),
-		ops:    cfg.Ops,
-	}
-	if c.ops == nil {
-		c.ops = kernels.Best()
 	}
 	for gi, g := range groups {
-		if int64(cfg.NumBlocks)*int64(c.bs*g.NKVHead*max(g.KDim, g.VDim)) > math.MaxInt32*8 {
-			return nil, fmt.Errorf("kvcache: %d blocks of %d tokens × %d kv heads × %d per layer is too large", cfg.NumBlocks, c.bs, g.NKVHead, max(g.KDim, g.VDim))
-		}
 		if l, ok := g.Policy.(Lossy); ok && l.Lossy() {
 			c.lossy[gi] = true
 		}
@@ -224,15 +185,21 @@ func New(cfg Config) (*Cache, error) {
 		if _, ok := g.Policy.(QueryShifter); ok && (cfg.Rope == nil || cfg.Rope.HeadDim != g.KDim || 2*len(cfg.Rope.Freqs) > g.KDim) {
 			return nil, fmt.Errorf("kvcache: policy %v moves positions and needs the model's rotary embedding for head dim %d (Config.Rope)", g.Policy, g.KDim)
 		}
-		for _, l := range g.Layers {
-			ls := &c.layers[l]
-			ls.group = gi
-			ls.k = g.KFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.KDim, c.ops)
-			if g.VDim > 0 {
-				ls.v = g.VFormat.NewPages(cfg.NumBlocks, c.bs, g.NKVHead, g.VDim, c.ops)
+	}
+	if !storage {
+		layers = 0
+		for _, g := range groups {
+			if _, ok := g.Policy.(attacher); ok {
+				return nil, fmt.Errorf("kvcache: policy %v keeps state that attention feeds: it needs the storage in this process", g.Policy)
 			}
 		}
 	}
+	if err := c.Storage.init(cfg, groups, layers); err != nil {
+		return nil, err
+	}
+	// Attention's hooks (observers, selectors, shifters) run the policy
+	// each sequence is bound to.
+	c.Storage.route = func(gi int, seq int32) (Policy, bool) { return c.policyOf(gi, seq), c.lossyOf(gi, seq) }
 	for gi, g := range groups {
 		if a, ok := g.Policy.(attacher); ok {
 			bound, err := a.attach(c, gi)
@@ -244,6 +211,53 @@ func New(cfg Config) (*Cache, error) {
 	}
 	c.initSeqPolicies()
 	return c, nil
+}
+
+// prepare checks cfg and fills its defaults (the block size, the block
+// count from a byte budget), returning the layer groups and the number of
+// layers.
+func prepare(cfg Config) (Config, []GroupSpec, int, error) {
+	if len(cfg.Groups) == 0 && (cfg.NLayer <= 0 || cfg.NKVHead <= 0 || cfg.HeadDim <= 0) {
+		return cfg, nil, 0, fmt.Errorf("kvcache: bad shape: %d layers, %d kv heads, head dim %d", cfg.NLayer, cfg.NKVHead, cfg.HeadDim)
+	}
+	if cfg.BlockSize == 0 {
+		cfg.BlockSize = DefaultBlockSize
+	}
+	if cfg.BlockSize < 0 {
+		return cfg, nil, 0, fmt.Errorf("kvcache: block size %d", cfg.BlockSize)
+	}
+	if cfg.DType > BF16 {
+		return cfg, nil, 0, fmt.Errorf("kvcache: unknown dtype %d", cfg.DType)
+	}
+	if cfg.Window < 0 {
+		return cfg, nil, 0, fmt.Errorf("kvcache: sliding window %d", cfg.Window)
+	}
+	groups := cfg.groups()
+	layerGroup, err := checkGroups(groups)
+	if err != nil {
+		return cfg, nil, 0, err
+	}
+	for _, g := range groups {
+		if err := checkBlock(g.KFormat, cfg.BlockSize); err != nil {
+			return cfg, nil, 0, err
+		}
+		if err := checkBlock(g.VFormat, cfg.BlockSize); g.VDim > 0 && err != nil {
+			return cfg, nil, 0, err
+		}
+	}
+	if cfg.NumBlocks == 0 {
+		if cfg.Bytes <= 0 {
+			return cfg, nil, 0, fmt.Errorf("kvcache: neither a block count nor a byte budget given")
+		}
+		cfg.NumBlocks = int(cfg.Bytes / cfg.BlockBytes())
+		if cfg.NumBlocks == 0 {
+			return cfg, nil, 0, fmt.Errorf("kvcache: budget %d bytes holds no block (a block takes %d bytes)", cfg.Bytes, cfg.BlockBytes())
+		}
+	}
+	if cfg.NumBlocks < 0 {
+		return cfg, nil, 0, fmt.Errorf("kvcache: %d blocks", cfg.NumBlocks)
+	}
+	return cfg, groups, len(layerGroup), nil
 }
 
 // Policy is the policy of layer group gi as the cache runs it: a copy
@@ -584,15 +598,6 @@ func (c *Cache) Table(seq int32) []int32 {
 
 // NumSeqs is the number of sequences holding blocks.
 func (c *Cache) NumSeqs() int { return len(c.tables) }
-
-func (c *Cache) copyBlock(dst, src int32) {
-	for _, ls := range c.layers {
-		ls.k.CopyPage(int(dst), int(src))
-		if ls.v != nil {
-			ls.v.CopyPage(int(dst), int(src))
-		}
-	}
-}
 
 // Usage is a snapshot of how the cache is used.
 type Usage struct {

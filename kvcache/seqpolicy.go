@@ -188,6 +188,9 @@ func (c *Cache) initSeqPolicies() {
 }
 
 func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
+	if _, ok := p.(attacher); ok && len(c.layers) == 0 {
+		return nil, fmt.Errorf("kvcache: policy %v keeps state that attention feeds: it needs the storage in this process", p)
+	}
 	sp := &seqPolicy{key: key, groups: make([]Policy, len(c.groups)), exact: math.MaxInt}
 	for gi, g := range c.groups {
 		sp.groups[gi] = g.Policy

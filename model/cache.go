@@ -10,6 +10,34 @@ type Batch struct {
 	// Logits marks the rows whose logits Forward returns, in row order.
 	// nil means only the last row.
 	Logits []bool
+	// KV, when set, is where the rows live in a paged KV storage as the
+	// scheduler's KV manager planned it; the storage then looks nothing
+	// up by sequence. nil: the storage plans the step itself.
+	KV *KVPlan
+}
+
+// KVPlan is a step's paged-KV addressing as plain data: what a KV storage
+// on another process needs to store and attend the step's rows without
+// the manager's sequence tables. Rows fall into runs, consecutive rows of
+// one sequence.
+type KVPlan struct {
+	// Runs: the first row of each run, and an end sentinel (len(Tokens)).
+	Runs []int32
+	// Tables holds each run's block table (its sequence's physical pages
+	// by logical block, -1 for a block a policy released): run r's is
+	// Tables[TableOff[r]:TableOff[r+1]].
+	TableOff, Tables []int32
+	// Slots is the slot mapping: each row's page·BlockSize + offset.
+	Slots []int32
+	// Spans are the positions each row may attend, per layer group, as
+	// [From, To) pairs: group g, row i's pairs are
+	// Spans[2·SpanOff[g·(T+1)+i] : 2·SpanOff[g·(T+1)+i+1]].
+	SpanOff, Spans []int32
+}
+
+// Reset empties p, keeping its memory.
+func (p *KVPlan) Reset() {
+	p.Runs, p.TableOff, p.Tables, p.Slots, p.SpanOff, p.Spans = p.Runs[:0], p.TableOff[:0], p.Tables[:0], p.Slots[:0], p.SpanOff[:0], p.Spans[:0]
 }
 
 // AttnParams describes the attention of one layer.

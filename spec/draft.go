@@ -5,16 +5,16 @@ import (
 	"math"
 	"slices"
 
+	"pagoda/executor"
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/tokenizer"
 )
 
-// Forwarder is what a draft model must do: *model.Model does it.
-type Forwarder interface {
-	Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
-}
+// Forwarder is what a draft model must do: *model.Model does it. The
+// draft reaches it through an executor over the draft's own KV cache.
+type Forwarder = executor.Forwarder
 
 // DraftOptions configure a draft-model proposer.
 type DraftOptions struct {
@@ -39,13 +39,13 @@ type DraftOptions struct {
 // truncated (at Truncate, and again whenever the tokens it holds stop
 // being a prefix of the sequence).
 type Draft struct {
-	fw        Forwarder
+	ex        executor.Executor
 	ctx, vd   int // the draft's context length and vocabulary size
 	vt        int
 	pmin      float32
 	kv        *kvcache.Cache
 	seqs      map[int32][]int32 // the tokens whose K/V the cache holds, per sequence
-	batch     model.Batch
+	batch     executor.StepInput
 	scratch   []float32
 	scratchEx []float64
 }
@@ -90,7 +90,7 @@ func NewDraftFrom(fw Forwarder, c model.Config, o DraftOptions) (*Draft, error) 
 	if err != nil {
 		return nil, fmt.Errorf("spec: draft KV cache: %w", err)
 	}
-	return &Draft{fw: fw, ctx: c.ContextLen, vd: c.VocabSize, vt: o.TargetVocab, pmin: o.PMin, kv: kv, seqs: map[int32][]int32{}}, nil
+	return &Draft{ex: executor.NewLocal(fw, kv), ctx: c.ContextLen, vd: c.VocabSize, vt: o.TargetVocab, pmin: o.PMin, kv: kv, seqs: map[int32][]int32{}}, nil
 }
 
 // KV is the draft's cache (for leak checks and usage).
@@ -140,7 +140,8 @@ func (d *Draft) Propose(reqs []*Req) error {
 		act = append(act, &drafting{r: r, max: mx, hist: append(make([]int32, 0, n+mx), r.Tokens...)})
 	}
 	for len(b.Tokens) > 0 {
-		logits, err := d.fw.Forward(b, d.kv)
+		out, err := d.ex.Execute(b)
+		logits := out.Logits
 		if err != nil {
 			for _, a := range act {
 				d.Free(a.r.ID)

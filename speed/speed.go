@@ -16,6 +16,7 @@ import (
 	"strings"
 	"time"
 
+	"pagoda/executor"
 	"pagoda/kernels"
 	"pagoda/model"
 )
@@ -115,15 +116,15 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 		return nil, fmt.Errorf("speed: %s: batched decode runs on the flat cache only", t)
 	}
 	// prompt fills [from, to) of every sequence.
-	prompt := func(cache model.KVCache, from, to int) error {
+	prompt := func(ex executor.Executor, from, to int) error {
 		for s := range seqs {
 			for lo := from; lo < to; lo += batch {
 				hi := min(lo+batch, to)
-				b := &model.Batch{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
+				b := &executor.StepInput{Tokens: toks[lo:hi], Pos: make([]int32, hi-lo), Seq: make([]int32, hi-lo)}
 				for i := range b.Pos {
 					b.Pos[i], b.Seq[i] = int32(lo+i), int32(s)
 				}
-				if _, err := m.Forward(b, cache); err != nil {
+				if _, err := ex.Execute(b); err != nil {
 					return err
 				}
 			}
@@ -136,8 +137,9 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 		if err != nil {
 			return 0, err
 		}
+		ex := executor.NewLocal(m, cache)
 		// The depth is filled first and not timed (llama-bench -d).
-		if err := prompt(cache, 0, t.Depth); err != nil {
+		if err := prompt(ex, 0, t.Depth); err != nil {
 			return 0, err
 		}
 		e0 := m.ExpertBytesRead()
@@ -145,13 +147,13 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 		start := time.Now()
 		switch t.Kind {
 		case "pp": // seqs is 1
-			if err := prompt(cache, t.Depth, t.Depth+t.N); err != nil {
+			if err := prompt(ex, t.Depth, t.Depth+t.N); err != nil {
 				return 0, err
 			}
 		case "tg":
 			// Every sequence decodes its own token at each step and
 			// wants its logits, as in a server's decode step.
-			b := &model.Batch{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs), Logits: make([]bool, seqs)}
+			b := &executor.StepInput{Tokens: make([]int32, seqs), Pos: make([]int32, seqs), Seq: make([]int32, seqs), Logits: make([]bool, seqs)}
 			for s := range seqs {
 				b.Seq[s] = int32(s)
 				b.Logits[s] = true
@@ -161,7 +163,7 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 					b.Tokens[s] = toks[t.Depth+(i-t.Depth+s*7)%t.N]
 					b.Pos[s] = int32(i)
 				}
-				if _, err := m.Forward(b, cache); err != nil {
+				if _, err := ex.Execute(b); err != nil {
 					return 0, err
 				}
 			}

@@ -1,0 +1,106 @@
+// Package executor is the boundary between a scheduler and the process
+// that runs the model: one step goes in as plain data (StepInput), its
+// results come back as plain data (StepOutput). In one process Local runs
+// the step on a model and its KV storage, passing the input by pointer;
+// across a wire (a pipe, a socket) Remote and Serve carry the same step in
+// a compact binary form (wire.go), so a worker process can execute what a
+// scheduler elsewhere planned.
+package executor
+
+import (
+	"errors"
+	"fmt"
+
+	"pagoda/model"
+)
+
+// StepInput is one forward step: a flat batch of prefill chunks and decode
+// tokens of one or more sequences. Tokens of one sequence appear in
+// increasing position order.
+type StepInput struct {
+	Tokens []int32
+	Pos    []int32
+	// Seq is the sequence handle of each row, as the worker's KV storage
+	// knows it.
+	Seq []int32
+	// Logits marks the rows whose logits come back, in row order; nil
+	// means only the last row.
+	Logits []bool
+	// KV is where the rows live in a paged KV storage and what each
+	// attends (block tables, slot mapping, visible spans), as the
+	// scheduler's KV manager planned it; nil lets the storage plan the
+	// step itself (a flat cache, a single-process run).
+	KV *model.KVPlan
+}
+
+// Rows is the number of logits rows the step returns.
+func (in *StepInput) Rows() int {
+	if in.Logits == nil {
+		if len(in.Tokens) == 0 {
+			return 0
+		}
+		return 1
+	}
+	n := 0
+	for _, l := range in.Logits {
+		if l {
+			n++
+		}
+	}
+	return n
+}
+
+// StepOutput is what one step returns.
+type StepOutput struct {
+	// Logits holds VocabSize floats for each row marked in the input, in
+	// row order.
+	Logits []float32
+}
+
+// Executor runs steps. Implementations are called from one goroutine at a
+// time (the scheduler's loop); the input is only read, and the output's
+// slices belong to the caller until the next Execute.
+type Executor interface {
+	Execute(in *StepInput) (StepOutput, error)
+}
+
+// Forwarder is the model side of a local executor: *model.Model does it.
+type Forwarder interface {
+	Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
+}
+
+// Local executes steps in this process on a model and the KV storage it
+// reads and writes.
+type Local struct {
+	F  Forwarder
+	KV model.KVCache
+	b  model.Batch // reused: the step is handed to the model without copying
+}
+
+// NewLocal is an executor running f over kv.
+func NewLocal(f Forwarder, kv model.KVCache) *Local { return &Local{F: f, KV: kv} }
+
+// Execute runs one step.
+func (l *Local) Execute(in *StepInput) (StepOutput, error) {
+	if l.F == nil || l.KV == nil {
+		return StepOutput{}, errors.New("executor: no model or KV storage")
+	}
+	l.b = model.Batch{Tokens: in.Tokens, Pos: in.Pos, Seq: in.Seq, Logits: in.Logits, KV: in.KV}
+	logits, err := l.F.Forward(&l.b, l.KV)
+	l.b = model.Batch{}
+	if err != nil {
+		return StepOutput{}, err
+	}
+	return StepOutput{Logits: logits}, nil
+}
+
+// check reports a step whose fields disagree in length, so a malformed
+// step from a wire fails clearly instead of reaching the model.
+func (in *StepInput) check() error {
+	T := len(in.Tokens)
+	if len(in.Pos) != T || len(in.Seq) != T || (in.Logits != nil && len(in.Logits) != T) {
+		return fmt.Errorf("executor: step fields have different lengths (%d tokens, %d positions, %d sequences, %d logits marks)",
+			T, len(in.Pos), len(in.Seq), len(in.Logits))
+	}
+	return nil
+}

@@ -1,0 +1,292 @@
+package executor
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"sync"
+
+	"pagoda/model"
+)
+
+// The wire form of a step is a frame: a little-endian uint32 length, then
+// that many bytes, the first of which says what follows:
+//
+//	'S' StepInput:  u32 T, T×i32 tokens, T×i32 positions, T×i32 sequences,
+//	                u8 has-marks, then (if 1) T bytes of 0/1 logits marks,
+//	                u8 has-plan, then (if 1) the KV plan's Runs, TableOff,
+//	                Tables, Slots, SpanOff, Spans, each u32 n, n×i32
+//	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact)
+//	'E' error:      the error's text
+//
+// Fixed-width integers and raw float bits keep encoding a loop of
+// appends: no reflection, and the same bytes on every machine.
+const (
+	kindStep   = 'S'
+	kindOutput = 'O'
+	kindError  = 'E'
+
+	// maxFrame bounds what a peer can make the reader allocate.
+	maxFrame = 1 << 30
+)
+
+// AppendStep appends the encoding of in (without the frame length).
+func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
+	if err := in.check(); err != nil {
+		return dst, err
+	}
+	T := len(in.Tokens)
+	dst = append(dst, kindStep)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(T))
+	for _, s := range [][]int32{in.Tokens, in.Pos, in.Seq} {
+		for _, v := range s {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+		}
+	}
+	if in.Logits == nil {
+		dst = append(dst, 0)
+	} else {
+		dst = append(dst, 1)
+		for _, l := range in.Logits {
+			b := byte(0)
+			if l {
+				b = 1
+			}
+			dst = append(dst, b)
+		}
+	}
+	if in.KV == nil {
+		return append(dst, 0), nil
+	}
+	dst = append(dst, 1)
+	for _, s := range planFields(in.KV) {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(*s)))
+		for _, v := range *s {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+		}
+	}
+	return dst, nil
+}
+
+func planFields(p *model.KVPlan) [6]*[]int32 {
+	return [6]*[]int32{&p.Runs, &p.TableOff, &p.Tables, &p.Slots, &p.SpanOff, &p.Spans}
+}
+
+// DecodeStep decodes what AppendStep wrote into in, reusing its slices.
+func DecodeStep(p []byte, in *StepInput) error {
+	if len(p) < 5 || p[0] != kindStep {
+		return errors.New("executor: not a step")
+	}
+	T := int(binary.LittleEndian.Uint32(p[1:]))
+	p = p[5:]
+	if T < 0 || len(p) < 12*T+2 {
+		return fmt.Errorf("executor: step of %d rows truncated (%d bytes)", T, len(p))
+	}
+	ints := func(s []int32) []int32 {
+		s = growInts(s, T)
+		for i := range s {
+			s[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
+		}
+		p = p[4*T:]
+		return s
+	}
+	in.Tokens = ints(in.Tokens)
+	in.Pos = ints(in.Pos)
+	in.Seq = ints(in.Seq)
+	switch {
+	case p[0] == 0:
+		in.Logits = nil
+		p = p[1:]
+	case p[0] == 1 && len(p) >= 2+T:
+		in.Logits = in.Logits[:0]
+		for _, b := range p[1 : 1+T] {
+			if b > 1 {
+				return fmt.Errorf("executor: logits mark %d is not 0 or 1", b)
+			}
+			in.Logits = append(in.Logits, b == 1)
+		}
+		p = p[1+T:]
+	default:
+		return errors.New("executor: malformed logits marks")
+	}
+	switch {
+	case len(p) == 1 && p[0] == 0:
+		in.KV = nil
+		return nil
+	case len(p) == 0 || p[0] != 1:
+		return errors.New("executor: malformed KV plan")
+	}
+	p = p[1:]
+	if in.KV == nil {
+		in.KV = new(model.KVPlan)
+	}
+	for _, s := range planFields(in.KV) {
+		if len(p) < 4 {
+			return errors.New("executor: KV plan truncated")
+		}
+		n := int(binary.LittleEndian.Uint32(p))
+		p = p[4:]
+		if len(p) < 4*n {
+			return errors.New("executor: KV plan truncated")
+		}
+		*s = growInts(*s, n)
+		for i := range *s {
+			(*s)[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
+		}
+		p = p[4*n:]
+	}
+	if len(p) != 0 {
+		return fmt.Errorf("executor: %d bytes after the KV plan", len(p))
+	}
+	return nil
+}
+
+func growInts(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
+}
+
+// AppendOutput appends the encoding of out.
+func AppendOutput(dst []byte, out *StepOutput) []byte {
+	dst = append(dst, kindOutput)
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(out.Logits)))
+	for _, v := range out.Logits {
+		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+	}
+	return dst
+}
+
+// DecodeOutput decodes what AppendOutput wrote (or an error frame, which
+// it returns as the error) into out, reusing its slice.
+func DecodeOutput(p []byte, out *StepOutput) error {
+	if len(p) >= 1 && p[0] == kindError {
+		return &RemoteError{Msg: string(p[1:])}
+	}
+	if len(p) < 5 || p[0] != kindOutput {
+		return errors.New("executor: not a step output")
+	}
+	n := int(binary.LittleEndian.Uint32(p[1:]))
+	p = p[5:]
+	if n < 0 || len(p) != 4*n {
+		return fmt.Errorf("executor: output of %d logits has %d bytes", n, len(p))
+	}
+	if cap(out.Logits) < n {
+		out.Logits = make([]float32, n)
+	}
+	out.Logits = out.Logits[:n]
+	for i := range out.Logits {
+		out.Logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
+	}
+	return nil
+}
+
+// RemoteError is an error the executor on the other end returned.
+type RemoteError struct{ Msg string }
+
+func (e *RemoteError) Error() string { return "executor: remote: " + e.Msg }
+
+func writeFrame(w *bufio.Writer, p []byte) error {
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(p)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(p); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return buf, err
+	}
+	size := binary.LittleEndian.Uint32(n[:])
+	if size > maxFrame {
+		return buf, fmt.Errorf("executor: frame of %d bytes exceeds %d", size, maxFrame)
+	}
+	if cap(buf) < int(size) {
+		buf = make([]byte, size)
+	}
+	buf = buf[:size]
+	if _, err := io.ReadFull(r, buf); err != nil {
+		if err == io.EOF {
+			err = io.ErrUnexpectedEOF
+		}
+		return buf, err
+	}
+	return buf, nil
+}
+
+// Remote is an Executor whose steps run on the far end of a byte stream
+// (a pipe, a socket) where Serve answers them.
+type Remote struct {
+	mu  sync.Mutex
+	r   *bufio.Reader
+	w   *bufio.Writer
+	buf []byte
+}
+
+// NewRemote is an executor that writes steps to w and reads their
+// outputs from r.
+func NewRemote(r io.Reader, w io.Writer) *Remote {
+	return &Remote{r: bufio.NewReader(r), w: bufio.NewWriter(w)}
+}
+
+// Execute sends the step and waits for its output. The output's logits
+// are a fresh slice the caller keeps.
+func (x *Remote) Execute(in *StepInput) (StepOutput, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var err error
+	if x.buf, err = AppendStep(x.buf[:0], in); err != nil {
+		return StepOutput{}, err
+	}
+	if err := writeFrame(x.w, x.buf); err != nil {
+		return StepOutput{}, fmt.Errorf("executor: send step: %w", err)
+	}
+	if x.buf, err = readFrame(x.r, x.buf); err != nil {
+		return StepOutput{}, fmt.Errorf("executor: read output: %w", err)
+	}
+	var out StepOutput
+	if err := DecodeOutput(x.buf, &out); err != nil {
+		return StepOutput{}, err
+	}
+	return out, nil
+}
+
+// Serve answers the steps read from r with ex, writing each output (or
+// the step's error) to w, until r ends (nil) or the stream breaks. A
+// malformed step is answered with an error and serving goes on.
+func Serve(r io.Reader, w io.Writer, ex Executor) error {
+	br, bw := bufio.NewReader(r), bufio.NewWriter(w)
+	var buf, reply []byte
+	var in StepInput
+	for {
+		var err error
+		buf, err = readFrame(br, buf)
+		if err == io.EOF {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		reply = reply[:0]
+		if err := DecodeStep(buf, &in); err != nil {
+			reply = append(append(reply, kindError), err.Error()...)
+		} else if out, err := ex.Execute(&in); err != nil {
+			reply = append(append(reply, kindError), err.Error()...)
+		} else {
+			reply = AppendOutput(reply, &out)
+		}
+		if err := writeFrame(bw, reply); err != nil {
+			return err
+		}
+	}
+}
