@@ -238,3 +238,33 @@ func TestLoRA(t *testing.T) {
 		}
 	}
 }
+
+// TestBackendRowOps: the batched norm and rope equal the kernels' per-row
+// calls they wrap.
+func TestBackendRowOps(t *testing.T) {
+	const rows, heads, hd = 3, 4, 16
+	r := rand.New(rand.NewSource(4))
+	ops := kernels.Best()
+	be := &cpuBackend{ops: ops}
+	x, w := randVec(r, rows*heads*hd, 2), randVec(r, heads*hd, 1)
+	got, want := make([]float32, len(x)), make([]float32, len(x))
+	be.RMSNorm(got, x, w, rows, 1e-5)
+	d := heads * hd
+	for i := 0; i < rows; i++ {
+		ops.RMSNorm(want[i*d:(i+1)*d], x[i*d:(i+1)*d], w, 1e-5)
+	}
+	closeTo(t, "rmsnorm", got, want, 0)
+	freqs := (&Config{RopeTheta: 10000, RopeDim: hd, HeadDim: hd}).Freqs()
+	pos := []int32{0, 7, 300}
+	for _, neox := range []bool{false, true} {
+		copy(got, x)
+		copy(want, x)
+		be.RoPE(got, pos, heads, hd, freqs, neox)
+		for i, p := range pos {
+			for h := 0; h < heads; h++ {
+				ops.RoPE(want[i*d+h*hd:i*d+(h+1)*hd], int(p), freqs, neox)
+			}
+		}
+		closeTo(t, "rope", got, want, 0)
+	}
+}

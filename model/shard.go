@@ -41,8 +41,10 @@ func checkTP(c *Config, tp tpRank) error {
 // shardSlot replaces a whole bound tensor with rank's shard of it, by the
 // split its declaration names. The token embedding stays whole (every
 // rank looks up its rows; a vocab-split embedding needs a masked look-up
-// and a reduce, not done yet), and so does a tied output head.
-func shardSlot(t arch.Named, d arch.Dims, s slot, tp tpRank) error {
+// and a reduce, not done yet), and so does a tied output head. A row
+// split copies its columns, after which the whole tensor's file pages are
+// given back (a source that maps its file).
+func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
 	switch t.Split {
 	case arch.Replicated:
 		return nil
@@ -69,6 +71,9 @@ func shardSlot(t arch.Named, d arch.Dims, s slot, tp tpRank) error {
 		sm, err := shardMatrix(t.Name, m, shardOf(t.Split, full, tp.rank, tp.ranks))
 		if err != nil {
 			return err
+		}
+		if rel, ok := src.(releaser); ok && t.Split == arch.Row && sm != m {
+			rel.release(m.Data)
 		}
 		*s.mat = sm
 	case s.stack != nil && *s.stack != nil:

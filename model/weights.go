@@ -216,7 +216,7 @@ func bind(src source, c *Config, tp tpRank) (*Weights, error) {
 			return nil, err
 		}
 		if tp.ranks > 1 {
-			if err := shardSlot(t, d, s, tp); err != nil {
+			if err := shardSlot(src, t, s, tp); err != nil {
 				return nil, err
 			}
 		}
