@@ -109,6 +109,8 @@ type Tensor struct {
 	// Optional tensors are used when the checkpoint has them and skipped
 	// when it does not.
 	Optional bool
+	// Split is how the tensor divides across tensor-parallel ranks.
+	Split Split
 }
 
 // In says whether the tensor belongs to a model with these dims.
@@ -183,9 +185,9 @@ func (a *Arch) Block() []Tensor {
 // declared so far.
 func (a *Arch) Globals() []Tensor {
 	return []Tensor{
-		{Name: "token_embd.weight", HF: "model.embed_tokens.weight", Role: TokenEmbd, Shape: embdShape},
-		{Name: "output_norm.weight", HF: "model.norm.weight", Role: OutputNorm, Shape: vec(func(d Dims) int { return d.Embd })},
-		{Name: "output.weight", HF: "lm_head.weight", Role: Output, Shape: embdShape, When: untied},
+		{Name: "token_embd.weight", HF: "model.embed_tokens.weight", Role: TokenEmbd, Shape: embdShape, Split: Vocab},
+		{Name: "output_norm.weight", HF: "model.norm.weight", Role: OutputNorm, Shape: vec(func(d Dims) int { return d.Embd }), Split: Replicated},
+		{Name: "output.weight", HF: "lm_head.weight", Role: Output, Shape: embdShape, When: untied, Split: Vocab},
 	}
 }
 

@@ -217,3 +217,29 @@ func TestMoETensors(t *testing.T) {
 		t.Errorf("HFName(ffn_up_exps) = %q", got)
 	}
 }
+
+// Every tensor of every architecture declares how it splits across
+// tensor-parallel ranks, and the split fits its shape: a vector splits
+// only with the rows of the matrix it belongs to, a stack only by its
+// matrices.
+func TestSplitsDeclared(t *testing.T) {
+	d := Dims{Embd: 64, Heads: 4, KVHeads: 2, HeadDim: 16, FFN: 96, Vocab: 100, Bias: true,
+		Experts: 4, ExpertFFN: 32, SharedFFN: 32, QLoRA: 16, KVLoRA: 32, QKNope: 8, QKRope: 8, VHead: 8}
+	for _, name := range Names() {
+		a := Lookup(name)
+		for _, combined := range []bool{false, true} {
+			d.KVBCombined = combined
+			for _, nt := range a.Tensors(d, 2) {
+				s, n := nt.Split, len(nt.Shape(d))
+				switch {
+				case s < Replicated || s > Expert:
+					t.Errorf("%s %s: split %v not declared", name, nt.Name, s)
+				case s == Expert && n != 3:
+					t.Errorf("%s %s: expert split on a %d-D tensor", name, nt.Name, n)
+				case (s == Row || s == Vocab) && n != 2:
+					t.Errorf("%s %s: %v split on a %d-D tensor", name, nt.Name, s, n)
+				}
+			}
+		}
+	}
+}

@@ -48,29 +48,29 @@ func (a Attention) Tensors() []Tensor {
 	kv := func(d Dims) int { return d.KVHeads * d.HeadDim }
 	hd := func(d Dims) int { return d.HeadDim }
 	bias := func(d Dims) bool { return a.HasBias(d) }
-	out := []Tensor{{Name: "attn_norm.weight", HF: "input_layernorm.weight", Role: AttnNorm, Shape: vec(embd)}}
+	out := []Tensor{{Name: "attn_norm.weight", HF: "input_layernorm.weight", Role: AttnNorm, Shape: vec(embd), Split: Replicated}}
 	for _, p := range []struct {
 		name, hf string
 		w, b     Role
 		rows     func(Dims) int
 	}{{"attn_q", "self_attn.q_proj", AttnQ, AttnQBias, q}, {"attn_k", "self_attn.k_proj", AttnK, AttnKBias, kv},
 		{"attn_v", "self_attn.v_proj", AttnV, AttnVBias, kv}} {
-		out = append(out, Tensor{Name: p.name + ".weight", HF: p.hf + ".weight", Role: p.w, Shape: mat(embd, p.rows)})
+		out = append(out, Tensor{Name: p.name + ".weight", HF: p.hf + ".weight", Role: p.w, Shape: mat(embd, p.rows), Split: Column})
 		if a.Bias != Never {
-			out = append(out, Tensor{Name: p.name + ".bias", HF: p.hf + ".bias", Role: p.b, Shape: vec(p.rows), When: bias})
+			out = append(out, Tensor{Name: p.name + ".bias", HF: p.hf + ".bias", Role: p.b, Shape: vec(p.rows), When: bias, Split: Column})
 		}
 	}
 	switch {
 	case a.QKNormFull:
 		out = append(out,
-			Tensor{Name: "attn_q_norm.weight", HF: "self_attn.q_norm.weight", Role: AttnQNorm, Shape: vec(q)},
-			Tensor{Name: "attn_k_norm.weight", HF: "self_attn.k_norm.weight", Role: AttnKNorm, Shape: vec(kv)})
+			Tensor{Name: "attn_q_norm.weight", HF: "self_attn.q_norm.weight", Role: AttnQNorm, Shape: vec(q), Split: Column},
+			Tensor{Name: "attn_k_norm.weight", HF: "self_attn.k_norm.weight", Role: AttnKNorm, Shape: vec(kv), Split: Column})
 	case a.QKNorm:
 		out = append(out,
-			Tensor{Name: "attn_q_norm.weight", HF: "self_attn.q_norm.weight", Role: AttnQNorm, Shape: vec(hd)},
-			Tensor{Name: "attn_k_norm.weight", HF: "self_attn.k_norm.weight", Role: AttnKNorm, Shape: vec(hd)})
+			Tensor{Name: "attn_q_norm.weight", HF: "self_attn.q_norm.weight", Role: AttnQNorm, Shape: vec(hd), Split: Replicated},
+			Tensor{Name: "attn_k_norm.weight", HF: "self_attn.k_norm.weight", Role: AttnKNorm, Shape: vec(hd), Split: Replicated})
 	}
-	return append(out, Tensor{Name: "attn_output.weight", HF: "self_attn.o_proj.weight", Role: AttnOut, Shape: mat(q, embd)})
+	return append(out, Tensor{Name: "attn_output.weight", HF: "self_attn.o_proj.weight", Role: AttnOut, Shape: mat(q, embd), Split: Row})
 }
 
 // Rope is the rope style of the architecture's attention part (RopeNorm

@@ -31,16 +31,16 @@ func (MLA) Tensors() []Tensor {
 	lowRank := func(d Dims) bool { return d.QLoRA > 0 }
 	plain := func(d Dims) bool { return d.QLoRA == 0 }
 	return []Tensor{
-		{Name: "attn_norm.weight", Role: AttnNorm, Shape: vec(embd)},
-		{Name: "attn_q_a.weight", Role: AttnQA, Shape: mat(embd, qlora), When: lowRank},
-		{Name: "attn_q_a_norm.weight", Role: AttnQANorm, Shape: vec(qlora), When: lowRank},
-		{Name: "attn_q_b.weight", Role: AttnQB, Shape: mat(qlora, q), When: lowRank},
-		{Name: "attn_q.weight", Role: AttnQ, Shape: mat(embd, q), When: plain},
-		{Name: "attn_kv_a_mqa.weight", Role: AttnKVA, Shape: mat(embd, kva)},
-		{Name: "attn_kv_a_norm.weight", Role: AttnKVANorm, Shape: vec(kvlora)},
-		{Name: "attn_kv_b.weight", Role: AttnKVB, Shape: mat(kvlora, kvb), When: combined},
-		{Name: "attn_k_b.weight", Role: AttnKB, Shape: stack(nope, kvlora, heads), When: split},
-		{Name: "attn_v_b.weight", Role: AttnVB, Shape: stack(kvlora, vh, heads), When: split},
-		{Name: "attn_output.weight", Role: AttnOut, Shape: mat(out, embd)},
+		{Name: "attn_norm.weight", Role: AttnNorm, Shape: vec(embd), Split: Replicated},
+		{Name: "attn_q_a.weight", Role: AttnQA, Shape: mat(embd, qlora), When: lowRank, Split: Replicated},
+		{Name: "attn_q_a_norm.weight", Role: AttnQANorm, Shape: vec(qlora), When: lowRank, Split: Replicated},
+		{Name: "attn_q_b.weight", Role: AttnQB, Shape: mat(qlora, q), When: lowRank, Split: Column},
+		{Name: "attn_q.weight", Role: AttnQ, Shape: mat(embd, q), When: plain, Split: Column},
+		{Name: "attn_kv_a_mqa.weight", Role: AttnKVA, Shape: mat(embd, kva), Split: Replicated},
+		{Name: "attn_kv_a_norm.weight", Role: AttnKVANorm, Shape: vec(kvlora), Split: Replicated},
+		{Name: "attn_kv_b.weight", Role: AttnKVB, Shape: mat(kvlora, kvb), When: combined, Split: Column},
+		{Name: "attn_k_b.weight", Role: AttnKB, Shape: stack(nope, kvlora, heads), When: split, Split: Expert},
+		{Name: "attn_v_b.weight", Role: AttnVB, Shape: stack(kvlora, vh, heads), When: split, Split: Expert},
+		{Name: "attn_output.weight", Role: AttnOut, Shape: mat(out, embd), Split: Row},
 	}
 }

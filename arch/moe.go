@@ -52,21 +52,21 @@ func (f MoE) Tensors() []Tensor {
 	sff := func(d Dims) int { return d.SharedFFN }
 	shared := func(d Dims) bool { return d.SharedFFN > 0 }
 	out := []Tensor{
-		{Name: "ffn_norm.weight", HF: "post_attention_layernorm.weight", Role: FFNNorm, Shape: vec(embd)},
-		{Name: "ffn_gate_inp.weight", Role: FFNRouter, Shape: mat(embd, nexp)},
+		{Name: "ffn_norm.weight", HF: "post_attention_layernorm.weight", Role: FFNNorm, Shape: vec(embd), Split: Replicated},
+		{Name: "ffn_gate_inp.weight", Role: FFNRouter, Shape: mat(embd, nexp), Split: Replicated},
 	}
 	if f.ProbsBias {
-		out = append(out, Tensor{Name: "exp_probs_b.bias", Role: FFNProbsBias, Shape: vec(nexp), Optional: true})
+		out = append(out, Tensor{Name: "exp_probs_b.bias", Role: FFNProbsBias, Shape: vec(nexp), Optional: true, Split: Replicated})
 	}
 	out = append(out,
-		Tensor{Name: "ffn_gate_exps.weight", Role: FFNGateExps, Shape: stack(embd, eff, nexp)},
-		Tensor{Name: "ffn_down_exps.weight", Role: FFNDownExps, Shape: stack(eff, embd, nexp)},
-		Tensor{Name: "ffn_up_exps.weight", Role: FFNUpExps, Shape: stack(embd, eff, nexp)})
+		Tensor{Name: "ffn_gate_exps.weight", Role: FFNGateExps, Shape: stack(embd, eff, nexp), Split: Expert},
+		Tensor{Name: "ffn_down_exps.weight", Role: FFNDownExps, Shape: stack(eff, embd, nexp), Split: Expert},
+		Tensor{Name: "ffn_up_exps.weight", Role: FFNUpExps, Shape: stack(embd, eff, nexp), Split: Expert})
 	if f.SharedGate {
-		out = append(out, Tensor{Name: "ffn_gate_inp_shexp.weight", Role: FFNSharedGate, Shape: vec(embd), When: shared})
+		out = append(out, Tensor{Name: "ffn_gate_inp_shexp.weight", Role: FFNSharedGate, Shape: vec(embd), When: shared, Split: Replicated})
 	}
 	return append(out,
-		Tensor{Name: "ffn_gate_shexp.weight", Role: FFNGateShexp, Shape: mat(embd, sff), When: shared},
-		Tensor{Name: "ffn_down_shexp.weight", Role: FFNDownShexp, Shape: mat(sff, embd), When: shared},
-		Tensor{Name: "ffn_up_shexp.weight", Role: FFNUpShexp, Shape: mat(embd, sff), When: shared})
+		Tensor{Name: "ffn_gate_shexp.weight", Role: FFNGateShexp, Shape: mat(embd, sff), When: shared, Split: Column},
+		Tensor{Name: "ffn_down_shexp.weight", Role: FFNDownShexp, Shape: mat(sff, embd), When: shared, Split: Row},
+		Tensor{Name: "ffn_up_shexp.weight", Role: FFNUpShexp, Shape: mat(embd, sff), When: shared, Split: Column})
 }

@@ -33,6 +33,13 @@ type Options struct {
 	// Progress, when set, is called after each weight matrix is repacked
 	// for the kernels, the part of loading that grows with the model.
 	Progress func(done, total int)
+	// Rank of Ranks (0 or 1: the whole model) makes this model one rank
+	// of a tensor-parallel group: it binds and loads only its shard of
+	// each weight (package arch declares how each splits) and computes its
+	// heads and its slice of the feed-forward width, exchanging partial
+	// results through Group.
+	Rank, Ranks int
+	Group       Collective
 }
 
 // Open loads a model from a GGUF file, a llama2.c checkpoint (.bin) or a

@@ -21,7 +21,11 @@ type Model struct {
 	pool    *kernels.Pool
 	ownPool bool
 	ops     *kernels.Ops // kernels.Generic() for Options.Reference, else kernels.Best()
-	freqs   []float32
+	// be is what the layer code computes with (the CPU kernels on pool);
+	// tp which tensor-parallel rank of how many this model is.
+	be    Backend
+	tp    tpRank
+	freqs []float32
 	// attn and ffns (one per layer) are the block's parts, composed from
 	// the declaration.
 	attn   part
@@ -50,11 +54,20 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := bind(src, c)
+	tp := tpRank{o.Rank, max(o.Ranks, 1)}
+	if err := checkTP(c, tp); err != nil {
+		return nil, err
+	}
+	if tp.ranks > 1 && o.Group == nil {
+		return nil, fmt.Errorf("tensor parallel: rank %d of %d needs a Group to reduce with", tp.rank, tp.ranks)
+	}
+	w, err := bind(src, c, tp)
 	if err != nil {
 		return nil, err
 	}
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffns: ffns, ops: kernels.Best()}
+	w.linears(c, tp)
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffns: ffns, ops: kernels.Best(), tp: tp}
+	m.Config.localize(tp)
 	if c.NExpert > 0 {
 		m.experts = make([]atomic.Uint64, c.NLayer*c.NExpert)
 	}
@@ -67,6 +80,11 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 		m.pool = kernels.NewPool(o.Threads)
 		m.ownPool = true
 	}
+	cpu := &cpuBackend{m: m, ops: m.ops, pool: m.pool, rank: tp.rank}
+	if tp.ranks > 1 {
+		cpu.group = o.Group
+	}
+	m.be = cpu
 	// Repack into the kernels' layouts now, so the first request does not
 	// pay for it (the plain Go set packs nothing). Stacks (a layer's
 	// experts, MLA's per-head matrices) share one allocation each, so that
@@ -166,6 +184,8 @@ func (m *Model) Close() error {
 
 type scratch struct {
 	x, xn, q, k, v, att, o, gate, up, logitsIn []float32
+	// part is a rank's slice of the logits before they are gathered.
+	part []float32
 	// pieces is how the batch's attention splits into runs; every layer
 	// splits it the same way, so Forward works it out once.
 	pieces []attnPiece
@@ -211,7 +231,7 @@ func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
 	}
 	logits := make([]float32, rows*c.VocabSize)
 	if rows > 0 {
-		m.ops.MatMul(m.pool, m.W.Output, s.logitsIn, logits, rows)
+		m.logits(s.logitsIn, logits, rows)
 	}
 	for i, v := range logits {
 		// Corrupt weights (a NaN or Inf in a matrix) surface here rather

@@ -1,7 +1,5 @@
 package model
 
-import "pagoda/kernels"
-
 // selfAttention runs arch.Attention: norm, fused q/k/v projection, biases,
 // per-head q/k norm and rope, attention through the KV cache, output
 // projection and residual.
@@ -15,14 +13,9 @@ func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 	for i := 0; i < T; i++ {
 		m.ops.RMSNorm(s.xn[i*d:(i+1)*d], s.x[i*d:(i+1)*d], l.AttnNorm, c.RMSEps)
 	}
-	m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Q, l.K, l.V}, s.xn, [][]float32{s.q, s.k, s.v}, T)
+	m.be.MatMulN(l.qkv, s.xn, [][]float32{s.q, s.k, s.v}, T) // q/k/v biases included
 	for i := 0; i < T; i++ {
-		q, k, v := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd], s.v[i*kvd:(i+1)*kvd]
-		if l.QBias != nil {
-			addTo(q, l.QBias)
-			addTo(k, l.KBias)
-			addTo(v, l.VBias)
-		}
+		q, k := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd]
 		pos := int(b.Pos[i])
 		if c.QKNormFull {
 			m.ops.RMSNorm(q, q, l.QNorm, c.RMSEps)
@@ -43,7 +36,7 @@ func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 			m.ops.RoPE(kh, pos, m.freqs, c.RopeNeox)
 		}
 	}
-	m.attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
-	m.ops.MatMul(m.pool, l.O, s.att, s.o, T)
+	m.be.Attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
+	m.project(&l.o, s.att, s.o, T)
 	addTo(s.x, s.o)
 }

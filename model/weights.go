@@ -87,6 +87,12 @@ type Layer struct {
 	KVANorm     []float32
 	KVB         *kernels.Matrix
 	KB, VB      []*kernels.Matrix
+
+	// The dense block's projections as the forward pass runs them: the
+	// matrices above (this rank's shards) with their shard, bias and
+	// adapter, and the groups that share an input.
+	q, k, v, o, gate, up, down Linear
+	qkv, gateUp                []*Linear
 }
 
 // Weights is the whole model's parameters, bound by GGUF tensor names.
@@ -95,6 +101,8 @@ type Weights struct {
 	Layers     []Layer
 	OutputNorm []float32
 	Output     *kernels.Matrix
+	// out is the output head as a Linear (vocab-split across ranks).
+	out Linear
 }
 
 // slot is the field one declared tensor binds to: a vector, a matrix, or a
@@ -188,7 +196,7 @@ func (w *Weights) slot(l *Layer, r arch.Role) (slot, bool) {
 
 // bind looks up every tensor the architecture declares for this config,
 // checks its shape and type, and wraps it without copying.
-func bind(src source, c *Config) (*Weights, error) {
+func bind(src source, c *Config, tp tpRank) (*Weights, error) {
 	a, err := lookupArch(c.Arch)
 	if err != nil {
 		return nil, err
@@ -206,6 +214,11 @@ func bind(src source, c *Config) (*Weights, error) {
 		}
 		if err := bindSlot(src, t, d, s); err != nil {
 			return nil, err
+		}
+		if tp.ranks > 1 {
+			if err := shardSlot(src, t, s, tp); err != nil {
+				return nil, err
+			}
 		}
 	}
 	if c.TiedOutput {

@@ -1,0 +1,129 @@
+package model
+
+import (
+	"fmt"
+
+	"pagoda/arch"
+)
+
+// tpRank is which rank of how many tensor-parallel ranks a model is; the
+// zero value (or ranks 1) is the whole model on one process.
+type tpRank struct{ rank, ranks int }
+
+// checkTP refuses the shapes the split cannot serve yet, with the reason,
+// before anything is read.
+func checkTP(c *Config, tp tpRank) error {
+	r := tp.ranks
+	if r <= 1 {
+		return nil
+	}
+	switch {
+	case tp.rank < 0 || tp.rank >= r:
+		return fmt.Errorf("tensor parallel: rank %d out of range [0, %d)", tp.rank, r)
+	case c.NExpert > 0:
+		return fmt.Errorf("tensor parallel: mixture-of-experts models (%s) do not split yet", c.Arch)
+	case c.MLA:
+		return fmt.Errorf("tensor parallel: multi-head latent attention (%s) does not split yet", c.Arch)
+	case c.QKNormFull:
+		return fmt.Errorf("tensor parallel: %s's q/k norm spans all heads, which would need a reduce inside attention", c.Arch)
+	case c.NHead%r != 0:
+		return fmt.Errorf("tensor parallel: %d query heads do not split whole across %d ranks", c.NHead, r)
+	case c.NKVHead < r:
+		return fmt.Errorf("tensor parallel: %d KV heads across %d ranks would need KV heads replicated, which is not implemented", c.NKVHead, r)
+	case c.NKVHead%r != 0:
+		return fmt.Errorf("tensor parallel: %d KV heads do not split whole across %d ranks", c.NKVHead, r)
+	case c.FFN < r:
+		return fmt.Errorf("tensor parallel: feed-forward width %d is narrower than %d ranks", c.FFN, r)
+	}
+	return nil
+}
+
+// shardSlot replaces a whole bound tensor with rank's shard of it, by the
+// split its declaration names. The token embedding stays whole (every
+// rank looks up its rows; a vocab-split embedding needs a masked look-up
+// and a reduce, not done yet), and so does a tied output head. A row
+// split copies its columns, after which the whole tensor's file pages are
+// given back (a source that maps its file).
+func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
+	switch t.Split {
+	case arch.Replicated:
+		return nil
+	case arch.Vocab:
+		if t.Role == arch.TokenEmbd {
+			return nil
+		}
+	case arch.Expert:
+		return fmt.Errorf("tensor %q: expert split not implemented", t.Name)
+	}
+	switch {
+	case s.vec != nil && *s.vec != nil:
+		if t.Split != arch.Column {
+			return fmt.Errorf("tensor %q: a vector cannot take a %v split", t.Name, t.Split)
+		}
+		sh := shardOf(t.Split, len(*s.vec), tp.rank, tp.ranks)
+		*s.vec = (*s.vec)[sh.Lo:sh.Hi:sh.Hi]
+	case s.mat != nil && *s.mat != nil:
+		m := *s.mat
+		full := m.Rows
+		if t.Split == arch.Row {
+			full = m.Cols
+		}
+		sm, err := shardMatrix(t.Name, m, shardOf(t.Split, full, tp.rank, tp.ranks))
+		if err != nil {
+			return err
+		}
+		if rel, ok := src.(releaser); ok && t.Split == arch.Row && sm != m {
+			rel.release(m.Data)
+		}
+		*s.mat = sm
+	case s.stack != nil && *s.stack != nil:
+		return fmt.Errorf("tensor %q: a stack cannot take a %v split", t.Name, t.Split)
+	}
+	return nil
+}
+
+// linears gives every dense layer its Linear projections over the bound
+// (sharded) matrices; c is the full model's config, whose widths the
+// shards are ranges of.
+func (w *Weights) linears(c *Config, tp tpRank) {
+	sh := func(axis arch.Split, full int) Shard { return shardOf(axis, full, tp.rank, tp.ranks) }
+	qd, kvd := c.NHead*c.HeadDim, c.NKVHead*c.HeadDim
+	for i := range w.Layers {
+		l := &w.Layers[i]
+		if l.Q != nil && l.K != nil && l.V != nil {
+			l.q = Linear{W: l.Q, Bias: l.QBias, Shard: sh(arch.Column, qd)}
+			l.k = Linear{W: l.K, Bias: l.KBias, Shard: sh(arch.Column, kvd)}
+			l.v = Linear{W: l.V, Bias: l.VBias, Shard: sh(arch.Column, kvd)}
+			l.qkv = []*Linear{&l.q, &l.k, &l.v}
+		}
+		if l.O != nil {
+			l.o = Linear{W: l.O, Shard: sh(arch.Row, l.O.Cols*max(tp.ranks, 1))}
+		}
+		if l.Up != nil && l.Down != nil {
+			l.up = Linear{W: l.Up, Shard: sh(arch.Column, c.FFN)}
+			l.down = Linear{W: l.Down, Shard: sh(arch.Row, c.FFN)}
+			if l.Gate != nil {
+				l.gate = Linear{W: l.Gate, Shard: sh(arch.Column, c.FFN)}
+				l.gateUp = []*Linear{&l.gate, &l.up}
+			}
+		}
+	}
+	out := sh(arch.Vocab, c.VocabSize)
+	if w.Output == w.Embd {
+		out = sh(arch.Replicated, c.VocabSize)
+	}
+	w.out = Linear{W: w.Output, Shard: out}
+}
+
+// localize turns the full model's config into what one rank computes: its
+// heads and its slice of the feed-forward width (the residual stream and
+// the vocabulary stay whole).
+func (c *Config) localize(tp tpRank) {
+	if tp.ranks <= 1 {
+		return
+	}
+	c.NHead /= tp.ranks
+	c.NKVHead /= tp.ranks
+	ffn := shardOf(arch.Column, c.FFN, tp.rank, tp.ranks)
+	c.FFN = ffn.Hi - ffn.Lo
+}
