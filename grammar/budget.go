@@ -53,6 +53,8 @@ type budget struct {
 	bytes    int64
 	ticks    int
 	err      error
+	// transient: err is the clock's or the context's, not the schema's.
+	transient bool
 }
 
 func newBudget(ctx context.Context, lim Limits) *budget {
@@ -108,9 +110,9 @@ func (b *budget) checkNow() error {
 		return b.err
 	}
 	if err := b.ctx.Err(); err != nil {
-		b.err = fmt.Errorf("compilation stopped: %w", context.Cause(b.ctx))
+		b.err, b.transient = fmt.Errorf("compilation stopped: %w", context.Cause(b.ctx)), true
 	} else if time.Now().After(b.deadline) {
-		b.err = fmt.Errorf("compiling the schema took longer than %v", b.lim.MaxTime)
+		b.err, b.transient = fmt.Errorf("compiling the schema took longer than %v", b.lim.MaxTime), true
 	}
 	return b.err
 }

@@ -62,10 +62,10 @@ func allocated(f func()) uint64 {
 // Allocation, not time, is asserted (timings are not tested).
 func TestHostileSchemasRefusedCheaply(t *testing.T) {
 	cases := map[string][]byte{
-		"enum 85000":          hostileEnum(85000, "i"),
-		"enum 40000 long":     hostileEnum(40000, "long-prefix-"),
-		"object 20000 props":  hostileObject(20000),
-		"string sizes":        stringSizes(40),
+		"enum 85000":         hostileEnum(85000, "i"),
+		"enum 40000 long":    hostileEnum(40000, "long-prefix-"),
+		"object 20000 props": hostileObject(20000),
+		"string sizes":       stringSizes(40),
 	}
 	for name, s := range cases {
 		if len(s) > maxSchemaSize {

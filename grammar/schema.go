@@ -28,6 +28,10 @@ type SchemaError struct {
 	Path    string
 	Keyword string
 	Msg     string
+	// Transient: the compilation ran out of time or its context was done,
+	// which another attempt might not (a refusal worth caching is not
+	// transient).
+	Transient bool
 }
 
 func (e *SchemaError) Error() string {
@@ -368,10 +372,12 @@ func Compile(ctx context.Context, schema []byte, prefix, suffix string, lim Limi
 		err = bud.checkNow()
 	}
 	if err != nil {
-		if _, ok := err.(*SchemaError); !ok {
-			err = &SchemaError{Msg: err.Error()}
+		se, ok := err.(*SchemaError)
+		if !ok {
+			se = &SchemaError{Msg: err.Error()}
 		}
-		return nil, err
+		se.Transient = bud.transient
+		return nil, se
 	}
 	var seq []elem
 	if prefix != "" {
@@ -384,7 +390,7 @@ func Compile(ctx context.Context, schema []byte, prefix, suffix string, lim Limi
 	c.b.define(root, seq)
 	g, err := c.b.finish(root)
 	if err != nil {
-		return nil, &SchemaError{Msg: err.Error()}
+		return nil, &SchemaError{Msg: err.Error(), Transient: bud.transient}
 	}
 	return g, nil
 }

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -142,7 +143,7 @@ func forcedTools(choice json.RawMessage, tools []json.RawMessage) (forced []tool
 // toolConstraint makes the reply one call of one of tools, in the syntax
 // of format f: Hermes <tool_call>{"name":…,"arguments":…}</tool_call> or
 // Llama's bare {"name":…,"parameters":…}.
-func (s *Server) toolConstraint(f toolFormat, tools []toolDef) (func() sample.Constraint, *apiError) {
+func (s *Server) toolConstraint(ctx context.Context, f toolFormat, tools []toolDef) (func() sample.Constraint, *apiError) {
 	var prefix, suffix, args string
 	switch f {
 	case toolHermes:
@@ -166,8 +167,8 @@ func (s *Server) toolConstraint(f toolFormat, tools []toolDef) (func() sample.Co
 	if len(branches) > 1 {
 		schema = `{"anyOf":[` + strings.Join(branches, ",") + `]}`
 	}
-	fn, err := s.cachedConstraint(fmt.Sprintf("tools:%d:%s", f, schema), func() (*grammar.Grammar, error) {
-		return grammar.CompileSchemaBetween([]byte(schema), prefix, suffix)
+	fn, err := s.cachedConstraint(ctx, fmt.Sprintf("tools:%d:%s", f, schema), func(ctx context.Context) (*grammar.Grammar, error) {
+		return grammar.Compile(ctx, []byte(schema), prefix, suffix, s.o.GrammarLimits)
 	})
 	if err != nil {
 		if errors.Is(err, errNoGrammar) {
