@@ -158,6 +158,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tools := req.Tools
+	if _, ae := checkTools(tools); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
 	forced, none, ae := forcedTools(req.ToolChoice, tools)
 	if ae != nil {
 		writeAPIError(w, ae)
