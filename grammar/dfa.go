@@ -3,6 +3,7 @@ package grammar
 import (
 	"fmt"
 	"slices"
+	"sort"
 )
 
 // dfa is a small deterministic automaton over bytes: one lexeme of the
@@ -144,17 +145,62 @@ func (b *dfaBuilder) build() (*dfa, error) {
 	return d, nil
 }
 
-// literalsDFA accepts exactly the given byte strings (a trie).
-func literalsDFA(lits []string) (*dfa, error) {
-	b := newBuilder256()
+// literalsDFA accepts exactly the given byte strings (a trie). Its byte
+// classes are the bytes the strings use plus one for all others, so a
+// state costs a few bytes rather than a 256-entry row, and the trie's size
+// is counted (one pass over the sorted strings, nothing allocated) and
+// checked against bud before anything is built: an enum of 85,000 values
+// is refused for the price of a sort.
+func literalsDFA(lits []string, bud *budget) (*dfa, error) {
+	if !sort.StringsAreSorted(lits) {
+		lits = slices.Clone(lits)
+		sort.Strings(lits)
+	}
+	var used [256]bool
+	states := 1
+	prev := ""
+	for _, l := range lits {
+		p := 0
+		for p < len(l) && p < len(prev) && l[p] == prev[p] {
+			p++
+		}
+		states += len(l) - p
+		for i := p; i < len(l); i++ {
+			used[l[i]] = true
+		}
+		prev = l
+	}
+	b := &dfaBuilder{}
+	k := 0
+	if slices.Contains(used[:], false) {
+		k = 1 // class 0: every byte no string uses
+	}
+	for c := range used {
+		if used[c] {
+			b.cls[c] = uint8(k)
+			k++
+		}
+	}
+	b.width = k
+	if states > maxStates {
+		return nil, fmt.Errorf("lexeme needs %d automaton states (limit %d)", states, maxStates)
+	}
+	if bud != nil {
+		if err := bud.fits(states, dfaBytes(states, b.width)); err != nil {
+			return nil, err
+		}
+	}
+	b.rows = make([]int32, 0, states*b.width)
+	b.acc = make([]bool, 0, states)
 	b.state(false)
 	for _, l := range lits {
 		s := int32(0)
 		for i := 0; i < len(l); i++ {
-			t := b.rows[int(s)*256+int(l[i])]
+			at := int(s)*b.width + int(b.cls[l[i]])
+			t := b.rows[at]
 			if t < 0 {
 				t = b.state(false)
-				b.rows[int(s)*256+int(l[i])] = t
+				b.rows[at] = t
 			}
 			s = t
 		}
@@ -162,6 +208,10 @@ func literalsDFA(lits []string) (*dfa, error) {
 	}
 	return b.build()
 }
+
+// dfaBytes is the memory of an automaton of states states and width byte
+// classes.
+func dfaBytes(states, width int) int64 { return int64(states)*(int64(width)*4+2) + 512 }
 
 // wsDFA accepts JSON white space the way llama.cpp's JSON grammars bound
 // it: nothing, one space, or one newline followed by up to indent spaces or

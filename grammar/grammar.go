@@ -12,7 +12,10 @@
 // its prefix; masks of states seen before come from a cache.
 package grammar
 
-import "fmt"
+import (
+	"cmp"
+	"fmt"
+)
 
 const (
 	kEnd = iota // end of an alternative: return to the frame below
@@ -40,21 +43,24 @@ type builder struct {
 	alts [][][]elem // per rule, per alternative, its elements
 	dfas []*dfa
 	lexs map[string]int32 // memoized lexemes by description
-	nst  int              // automaton states so far
+	bud  *budget          // states, memory and time left
 }
 
-// maxGrammarStates bounds the automaton states of one grammar (a schema
-// with many different string length limits).
-const maxGrammarStates = 1 << 18
-
-func newBuilder() *builder { return &builder{lexs: map[string]int32{}} }
+func newBuilder(bud *budget) *builder { return &builder{lexs: map[string]int32{}, bud: bud} }
 
 func (b *builder) rule() int32 {
 	b.alts = append(b.alts, nil)
 	return int32(len(b.alts) - 1)
 }
 
-func (b *builder) define(r int32, alts ...[]elem) { b.alts[r] = append(b.alts[r], alts...) }
+func (b *builder) define(r int32, alts ...[]elem) {
+	n := 0
+	for _, a := range alts {
+		n += len(a) + 1
+	}
+	b.bud.charge(0, int64(n)*8+24) // sticky: checked by the compiler as it goes
+	b.alts[r] = append(b.alts[r], alts...)
+}
 
 // ruleOf is a new rule with the given alternatives, as an element.
 func (b *builder) ruleOf(alts ...[]elem) elem {
@@ -68,12 +74,15 @@ func (b *builder) lex(key string, mk func() (*dfa, error)) (elem, error) {
 	if i, ok := b.lexs[key]; ok {
 		return elem{kLex, i}, nil
 	}
+	if err := b.bud.check(); err != nil {
+		return elem{}, err
+	}
 	d, err := mk()
 	if err != nil {
 		return elem{}, err
 	}
-	if b.nst += len(d.acc); b.nst > maxGrammarStates {
-		return elem{}, fmt.Errorf("the schema needs more than %d automaton states (too many or too long string length limits)", maxGrammarStates)
+	if err := b.bud.charge(len(d.acc), dfaBytes(len(d.acc), d.ncls)+int64(len(key))+64); err != nil {
+		return elem{}, err
 	}
 	b.dfas = append(b.dfas, d)
 	i := int32(len(b.dfas) - 1)
@@ -82,9 +91,12 @@ func (b *builder) lex(key string, mk func() (*dfa, error)) (elem, error) {
 }
 
 func (b *builder) lit(s string) elem {
-	e, err := b.lex("lit:"+s, func() (*dfa, error) { return literalsDFA([]string{s}) })
+	e, err := b.lex("lit:"+s, func() (*dfa, error) { return literalsDFA([]string{s}, b.bud) })
 	if err != nil {
-		panic(err) // a literal automaton is linear in its length
+		// Only the budget can refuse a literal; the error is remembered
+		// there and the compiler returns it at its next check.
+		b.bud.err = cmp.Or(b.bud.err, err)
+		return elem{kLex, 0}
 	}
 	return e
 }
@@ -175,6 +187,9 @@ func (b *builder) finish(root int32) (*Grammar, error) {
 				}
 			}
 		}
+	}
+	if err := b.bud.checkNow(); err != nil {
+		return nil, err
 	}
 	color := make([]uint8, n)
 	var visit func(r int32) bool

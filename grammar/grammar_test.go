@@ -294,8 +294,8 @@ func TestLimitsCompileFast(t *testing.T) {
 		props = append(props, fmt.Sprintf(`"p%d":{"type":"string","maxLength":%d}`, i, maxStringLen-i))
 	}
 	_, err := CompileSchema([]byte(`{"type":"object","properties":{` + strings.Join(props, ",") + `}}`))
-	if err == nil || !strings.Contains(err.Error(), "automaton states") {
-		t.Fatalf("err %v, want too many automaton states", err)
+	if err == nil || !strings.Contains(err.Error(), "automaton states") && !strings.Contains(err.Error(), "MiB") {
+		t.Fatalf("err %v, want too many automaton states or too much memory", err)
 	}
 }
 

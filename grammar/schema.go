@@ -2,6 +2,7 @@ package grammar
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -27,6 +28,10 @@ type SchemaError struct {
 	Path    string
 	Keyword string
 	Msg     string
+	// Transient: the compilation ran out of time or its context was done,
+	// which another attempt might not (a refusal worth caching is not
+	// transient).
+	Transient bool
 }
 
 func (e *SchemaError) Error() string {
@@ -87,7 +92,18 @@ func (o *obj) get(k string) (any, bool) { v, ok := o.vals[k]; return v, ok }
 func (o *obj) val(k string) any         { return o.vals[k] }
 
 // decodeOrdered decodes JSON with objects as *obj and numbers as json.Number.
+// Valid documents (json.Valid is fast) take a scanner over the bytes that
+// allocates only the values; invalid ones go through encoding/json's
+// Decoder for its error message.
 func decodeOrdered(data []byte) (any, error) {
+	if json.Valid(data) {
+		p := &jsonScanner{data: data}
+		v, err := p.value(0)
+		if err != nil {
+			return nil, err
+		}
+		return v, nil
+	}
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	v, err := decodeValue(d, 0)
@@ -98,6 +114,115 @@ func decodeOrdered(data []byte) (any, error) {
 		return nil, errors.New("trailing data after the schema")
 	}
 	return v, nil
+}
+
+// jsonScanner reads a document already known to be valid JSON.
+type jsonScanner struct {
+	data []byte
+	i    int
+}
+
+func (p *jsonScanner) skipWS() {
+	for p.i < len(p.data) {
+		switch p.data[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
+		}
+	}
+}
+
+func (p *jsonScanner) value(depth int) (any, error) {
+	if depth > maxNesting {
+		return nil, fmt.Errorf("nested deeper than %d", maxNesting)
+	}
+	p.skipWS()
+	switch c := p.data[p.i]; c {
+	case '{':
+		p.i++
+		o := &obj{vals: map[string]any{}}
+		for {
+			p.skipWS()
+			if p.data[p.i] == '}' {
+				p.i++
+				return o, nil
+			}
+			if p.data[p.i] == ',' {
+				p.i++
+				p.skipWS()
+			}
+			k, err := p.str()
+			if err != nil {
+				return nil, err
+			}
+			p.skipWS()
+			p.i++ // ':'
+			v, err := p.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			if _, dup := o.vals[k]; !dup {
+				o.keys = append(o.keys, k)
+			}
+			o.vals[k] = v
+		}
+	case '[':
+		p.i++
+		a := []any{}
+		for {
+			p.skipWS()
+			if p.data[p.i] == ']' {
+				p.i++
+				return a, nil
+			}
+			if p.data[p.i] == ',' {
+				p.i++
+			}
+			v, err := p.value(depth + 1)
+			if err != nil {
+				return nil, err
+			}
+			a = append(a, v)
+		}
+	case '"':
+		return p.str()
+	case 't':
+		p.i += 4
+		return true, nil
+	case 'f':
+		p.i += 5
+		return false, nil
+	case 'n':
+		p.i += 4
+		return nil, nil
+	default:
+		j := p.i
+		for p.i < len(p.data) && strings.IndexByte("+-.0123456789eE", p.data[p.i]) >= 0 {
+			p.i++
+		}
+		return json.Number(p.data[j:p.i]), nil
+	}
+}
+
+// str reads a string at p.i.
+func (p *jsonScanner) str() (string, error) {
+	j := p.i + 1
+	esc := false
+	k := j
+	for ; p.data[k] != '"'; k++ {
+		if p.data[k] == '\\' {
+			esc = true
+			k++
+		}
+	}
+	p.i = k + 1
+	if !esc {
+		return string(p.data[j:k]), nil
+	}
+	var s string
+	err := json.Unmarshal(p.data[j-1:k+1], &s)
+	return s, err
 }
 
 const maxNesting = 200
@@ -181,6 +306,15 @@ func appendJSON(dst []byte, v any) []byte {
 }
 
 func appendString(dst []byte, s string) []byte {
+	plain := true
+	for i := 0; i < len(s) && plain; i++ {
+		plain = s[i] >= 0x20 && s[i] < 0x7f && s[i] != '"' && s[i] != '\\'
+	}
+	if plain { // what encoding/json writes, without its encoder's cost
+		dst = append(dst, '"')
+		dst = append(dst, s...)
+		return append(dst, '"')
+	}
 	var buf bytes.Buffer
 	e := json.NewEncoder(&buf)
 	e.SetEscapeHTML(false)
@@ -197,8 +331,8 @@ type compiler struct {
 	anyVal int32 // -1 until needed
 }
 
-func newCompiler(doc any) *compiler {
-	c := &compiler{b: newBuilder(), doc: doc, refs: map[string]int32{}, anyVal: -1}
+func newCompiler(doc any, bud *budget) *compiler {
+	c := &compiler{b: newBuilder(bud), doc: doc, refs: map[string]int32{}, anyVal: -1}
 	var err error
 	c.ws, err = c.b.lex("ws", func() (*dfa, error) { return wsDFA(maxIndent) })
 	if err != nil {
@@ -207,13 +341,22 @@ func newCompiler(doc any) *compiler {
 	return c
 }
 
-// CompileSchema compiles a JSON schema.
-func CompileSchema(schema []byte) (*Grammar, error) { return CompileSchemaBetween(schema, "", "") }
+// CompileSchema compiles a JSON schema within the default Limits.
+func CompileSchema(schema []byte) (*Grammar, error) {
+	return Compile(context.Background(), schema, "", "", Limits{})
+}
 
 // CompileSchemaBetween compiles a schema for a document written between
 // two literal texts, white space allowed around it: a tool call's wrapper
-// such as "<tool_call>" … "</tool_call>".
+// such as "<tool_call>" … "</tool_call>". It uses the default Limits.
 func CompileSchemaBetween(schema []byte, prefix, suffix string) (*Grammar, error) {
+	return Compile(context.Background(), schema, prefix, suffix, Limits{})
+}
+
+// Compile compiles a schema for a document between prefix and suffix (both
+// may be empty) within lim, stopping early, with an error, once the
+// schema needs more than lim allows or ctx is done (the client left).
+func Compile(ctx context.Context, schema []byte, prefix, suffix string, lim Limits) (*Grammar, error) {
 	if len(schema) > maxSchemaSize {
 		return nil, &SchemaError{Msg: fmt.Sprintf("schema of %d bytes is larger than %d", len(schema), maxSchemaSize)}
 	}
@@ -221,11 +364,20 @@ func CompileSchemaBetween(schema []byte, prefix, suffix string) (*Grammar, error
 	if err != nil {
 		return nil, &SchemaError{Msg: "not valid JSON: " + err.Error()}
 	}
-	c := newCompiler(doc)
+	bud := newBudget(ctx, lim)
+	c := newCompiler(doc, bud)
 	root := c.b.rule()
 	e, err := c.node(doc, "#")
+	if err == nil {
+		err = bud.checkNow()
+	}
 	if err != nil {
-		return nil, err
+		se, ok := err.(*SchemaError)
+		if !ok {
+			se = &SchemaError{Msg: err.Error()}
+		}
+		se.Transient = bud.transient
+		return nil, se
 	}
 	var seq []elem
 	if prefix != "" {
@@ -238,7 +390,7 @@ func CompileSchemaBetween(schema []byte, prefix, suffix string) (*Grammar, error
 	c.b.define(root, seq)
 	g, err := c.b.finish(root)
 	if err != nil {
-		return nil, &SchemaError{Msg: err.Error()}
+		return nil, &SchemaError{Msg: err.Error(), Transient: bud.transient}
 	}
 	return g, nil
 }
@@ -246,7 +398,7 @@ func CompileSchemaBetween(schema []byte, prefix, suffix string) (*Grammar, error
 // JSONObject is the grammar of any JSON object (response_format
 // json_object).
 func JSONObject() *Grammar {
-	c := newCompiler(nil)
+	c := newCompiler(nil, newBudget(context.Background(), Limits{}))
 	c.anyValue()
 	root := c.b.rule()
 	c.b.define(root, []elem{c.ws, c.object(nil, true, elem{kRef, c.anyVal})})
@@ -271,7 +423,7 @@ func (c *compiler) anyValue() elem {
 	v := elem{kRef, c.anyVal}
 	str, _ := b.lex("str", func() (*dfa, error) { return stringDFA(stringSpec{maxLen: -1}) })
 	num, _ := b.lex("num", func() (*dfa, error) { return numberDFA(false, false) })
-	lits, _ := b.lex("true|false|null", func() (*dfa, error) { return literalsDFA([]string{"true", "false", "null"}) })
+	lits, _ := b.lex("true|false|null", func() (*dfa, error) { return literalsDFA([]string{"true", "false", "null"}, nil) })
 	arr := c.array(v, 0, -1)
 	o := c.object(nil, true, v)
 	b.define(c.anyVal, []elem{o}, []elem{arr}, []elem{str}, []elem{num}, []elem{lits})
@@ -356,6 +508,9 @@ func (c *compiler) array(item elem, lo, hi int) elem {
 
 // node compiles schema s at path.
 func (c *compiler) node(s any, path string) (elem, error) {
+	if err := c.b.bud.check(); err != nil {
+		return elem{}, c.errf(path, "", "%v", err)
+	}
 	switch x := s.(type) {
 	case bool:
 		if x {
@@ -536,6 +691,11 @@ func (c *compiler) enum(s *obj, vals []any, types []string, path, kw string, oth
 	if len(other) > 0 {
 		return elem{}, c.errf(path, other[0], "keywords beside %s are not supported", kw)
 	}
+	// Every distinct value ends in its own automaton state: refuse a
+	// huge enum before writing out its values.
+	if len(vals) > maxStates {
+		return elem{}, c.errf(path, kw, "%d values are more than the supported %d", len(vals), maxStates)
+	}
 	var lits []string
 	for _, v := range vals {
 		if types != nil && !hasType(v, types) {
@@ -547,7 +707,7 @@ func (c *compiler) enum(s *obj, vals []any, types []string, path, kw string, oth
 		return elem{}, c.errf(path, kw, "no value matches the schema's type")
 	}
 	sort.Strings(lits)
-	return c.b.lex("lits:"+strings.Join(lits, "\x00"), func() (*dfa, error) { return literalsDFA(lits) })
+	return c.b.lex("lits:"+strings.Join(lits, "\x00"), func() (*dfa, error) { return literalsDFA(lits, c.b.bud) })
 }
 
 // hasType reports whether JSON value v is one of types.
@@ -594,7 +754,7 @@ func (c *compiler) typed(s *obj, t, path string) (elem, error) {
 	case "null":
 		return b.lit("null"), nil
 	case "boolean":
-		return b.lex("true|false", func() (*dfa, error) { return literalsDFA([]string{"true", "false"}) })
+		return b.lex("true|false", func() (*dfa, error) { return literalsDFA([]string{"true", "false"}, nil) })
 	case "integer":
 		lo, hi, bounded, err := c.intBounds(s, path)
 		if err != nil {

@@ -149,7 +149,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		base.TopLogprobs = *req.TopLogprobs
 	}
 	base.Logprobs = req.Logprobs
-	if base.Sampling.Constraint, ae = s.constraint(req.ResponseFormat); ae != nil {
+	if base.Sampling.Constraint, ae = s.constraint(r.Context(), req.ResponseFormat); ae != nil {
 		writeAPIError(w, ae)
 		return
 	}
@@ -158,6 +158,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	tools := req.Tools
+	if _, ae := checkTools(tools); ae != nil {
+		writeAPIError(w, ae)
+		return
+	}
 	forced, none, ae := forcedTools(req.ToolChoice, tools)
 	if ae != nil {
 		writeAPIError(w, ae)
@@ -192,7 +196,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			writeAPIError(w, badRequest("tool_choice", "tool_choice that forces a call cannot be combined with response_format"))
 			return
 		}
-		if er.Sampling.Constraint, ae = s.toolConstraint(format, forced); ae != nil {
+		if er.Sampling.Constraint, ae = s.toolConstraint(r.Context(), format, forced); ae != nil {
 			writeAPIError(w, ae)
 			return
 		}

@@ -22,6 +22,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"pagoda/grammar"
 )
 
 // Options configure a Server. The zero value is usable.
@@ -43,6 +45,10 @@ type Options struct {
 	MaxN int
 	// MaxLogprobs caps logprobs / top_logprobs. 0 = 20 (OpenAI's limit).
 	MaxLogprobs int
+	// GrammarLimits bound compiling one response_format schema or forced
+	// tool call (automaton states, memory, time); zero fields take the
+	// grammar package's defaults.
+	GrammarLimits grammar.Limits
 	// StrictModel rejects requests naming a model other than
 	// Backend.ModelName() with 404; otherwise any model name is accepted.
 	StrictModel bool

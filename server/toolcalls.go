@@ -2,6 +2,7 @@ package server
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -90,6 +91,98 @@ type toolDef struct {
 	} `json:"function"`
 }
 
+// validToolName is OpenAI's rule for function names: ^[a-zA-Z0-9_-]{1,64}$.
+// It also keeps a name from holding a call's markup (</tool_call>).
+func validToolName(n string) bool {
+	if len(n) == 0 || len(n) > 64 {
+		return false
+	}
+	for i := 0; i < len(n); i++ {
+		c := n[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkTools refuses, whatever tool_choice says, tools that are not
+// function definitions as OpenAI takes them: {"type":"function",
+// "function":{"name":…,"parameters":{…}}} with a valid name and, if given,
+// an object for parameters.
+func checkTools(tools []json.RawMessage) ([]toolDef, *apiError) {
+	defs := make([]toolDef, len(tools))
+	seen := map[string]bool{}
+	for i, raw := range tools {
+		d := &defs[i]
+		if err := json.Unmarshal(raw, d); err != nil {
+			return nil, badRequest("tools", "tools[%d] must be {\"type\":\"function\",\"function\":{\"name\":…}}", i)
+		}
+		if d.Type != "function" {
+			return nil, badRequest("tools", "tools[%d].type %q is not supported (only \"function\")", i, d.Type)
+		}
+		if !validToolName(d.Function.Name) {
+			return nil, badRequest("tools", "tools[%d].function.name %q must match ^[a-zA-Z0-9_-]{1,64}$", i, d.Function.Name)
+		}
+		if seen[d.Function.Name] {
+			return nil, badRequest("tools", "tools[%d]: function %q is defined twice", i, d.Function.Name)
+		}
+		seen[d.Function.Name] = true
+		if p := bytes.TrimSpace(d.Function.Parameters); len(p) > 0 && string(p) != "null" && p[0] != '{' {
+			return nil, badRequest("tools", "tools[%d].function.parameters must be a JSON schema object, got %s", i, clip(p))
+		}
+	}
+	return defs, nil
+}
+
+func clip(b []byte) string {
+	if len(b) > 40 {
+		return string(b[:40]) + "…"
+	}
+	return string(b)
+}
+
+// argumentsSchema is a tool's parameters as the schema of its call's
+// arguments, which must be a JSON object: no parameters is any object, a
+// schema without a type gets type object, and one that cannot be an
+// object is refused (a forced call must be a call, not a string or a
+// number the client cannot decode as arguments).
+func argumentsSchema(name string, params json.RawMessage) (string, *apiError) {
+	p := bytes.TrimSpace(params)
+	if len(p) == 0 || string(p) == "null" {
+		return `{"type":"object"}`, nil
+	}
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(p, &top); err != nil {
+		return "", badRequest("tools", "tool %q: parameters must be a JSON schema object: %v", name, err)
+	}
+	t, ok := top["type"]
+	if !ok {
+		for _, k := range []string{"anyOf", "oneOf", "allOf", "$ref", "enum", "const", "not", "if"} {
+			if _, ok := top[k]; ok {
+				return "", badRequest("tools", "tool %q: parameters: a forced call needs \"type\":\"object\" at the top of the schema (it has %s and no type)", name, k)
+			}
+		}
+		top["type"] = json.RawMessage(`"object"`)
+		b, err := json.Marshal(top)
+		if err != nil {
+			return "", badRequest("tools", "tool %q: parameters: %v", name, err)
+		}
+		return string(b), nil
+	}
+	var one string
+	var many []string
+	if json.Unmarshal(t, &one) == nil {
+		many = []string{one}
+	} else if json.Unmarshal(t, &many) != nil {
+		return "", badRequest("tools", "tool %q: parameters.type must be a string or a list of strings", name)
+	}
+	if len(many) != 1 || many[0] != "object" {
+		return "", badRequest("tools", "tool %q: parameters has type %s: a call's arguments are a JSON object, so the type must be \"object\"", name, clip(t))
+	}
+	return string(p), nil
+}
+
 // forcedTools reads tool_choice: nil for "auto" (or absent), an empty
 // list for "none", otherwise the tools one of which the reply must call
 // ("required": any; {"type":"function","function":{"name":…}}: that one).
@@ -124,11 +217,11 @@ func forcedTools(choice json.RawMessage, tools []json.RawMessage) (forced []tool
 	if len(tools) == 0 {
 		return nil, false, badRequest("tool_choice", "tool_choice %s needs tools", tc)
 	}
-	for i, raw := range tools {
-		var d toolDef
-		if err := json.Unmarshal(raw, &d); err != nil || d.Function.Name == "" {
-			return nil, false, badRequest("tools", "tools[%d] must be {\"type\":\"function\",\"function\":{\"name\":…}}", i)
-		}
+	defs, ae := checkTools(tools)
+	if ae != nil {
+		return nil, false, ae
+	}
+	for _, d := range defs {
 		if name == "" || d.Function.Name == name {
 			forced = append(forced, d)
 		}
@@ -142,7 +235,7 @@ func forcedTools(choice json.RawMessage, tools []json.RawMessage) (forced []tool
 // toolConstraint makes the reply one call of one of tools, in the syntax
 // of format f: Hermes <tool_call>{"name":…,"arguments":…}</tool_call> or
 // Llama's bare {"name":…,"parameters":…}.
-func (s *Server) toolConstraint(f toolFormat, tools []toolDef) (func() sample.Constraint, *apiError) {
+func (s *Server) toolConstraint(ctx context.Context, f toolFormat, tools []toolDef) (func() sample.Constraint, *apiError) {
 	var prefix, suffix, args string
 	switch f {
 	case toolHermes:
@@ -155,9 +248,9 @@ func (s *Server) toolConstraint(f toolFormat, tools []toolDef) (func() sample.Co
 	var branches []string
 	for _, t := range tools {
 		name, _ := json.Marshal(t.Function.Name)
-		params := string(bytes.TrimSpace(t.Function.Parameters))
-		if params == "" || params == "null" {
-			params = `{"type":"object"}`
+		params, ae := argumentsSchema(t.Function.Name, t.Function.Parameters)
+		if ae != nil {
+			return nil, ae
 		}
 		branches = append(branches, fmt.Sprintf(`{"type":"object","properties":{"name":{"const":%s},%q:%s},"required":["name",%q],"additionalProperties":false}`,
 			name, args, params, args))
@@ -166,8 +259,8 @@ func (s *Server) toolConstraint(f toolFormat, tools []toolDef) (func() sample.Co
 	if len(branches) > 1 {
 		schema = `{"anyOf":[` + strings.Join(branches, ",") + `]}`
 	}
-	fn, err := s.cachedConstraint(fmt.Sprintf("tools:%d:%s", f, schema), func() (*grammar.Grammar, error) {
-		return grammar.CompileSchemaBetween([]byte(schema), prefix, suffix)
+	fn, err := s.cachedConstraint(ctx, fmt.Sprintf("tools:%d:%s", f, schema), func(ctx context.Context) (*grammar.Grammar, error) {
+		return grammar.Compile(ctx, []byte(schema), prefix, suffix, s.o.GrammarLimits)
 	})
 	if err != nil {
 		if errors.Is(err, errNoGrammar) {

@@ -114,7 +114,7 @@ func TestToolChoiceErrors(t *testing.T) {
 		{`"tool_choice":{"type":"function","function":{"name":"nope"}},` + toolsJSON, "tool_choice", "not among the tools"},
 		{`"tool_choice":"sometimes",` + toolsJSON, "tool_choice", "not supported"},
 		{`"tool_choice":"required","response_format":{"type":"json_object"},` + toolsJSON, "tool_choice", "response_format"},
-		{`"tool_choice":"required","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"string","pattern":"a"}}}]`, "tools", "pattern"},
+		{`"tool_choice":"required","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"s":{"type":"string","pattern":"a"}}}}}]`, "tools", "pattern"},
 	}
 	for _, tc := range cases {
 		code, b := post(t, ts, "/v1/chat/completions", `{`+msgs+`,`+tc.body+`}`)

@@ -19,6 +19,7 @@ import (
 
 	"pagoda/embedded"
 	"pagoda/engine"
+	"pagoda/grammar"
 	"pagoda/kvcache"
 	"pagoda/model"
 	"pagoda/progress"
@@ -59,6 +60,7 @@ var serveLimits = []limit{
 	{"kv-cache-fraction", 0.01, 0.95}, {"block-size", 1, 1024},
 	{"max-num-batched-tokens", 1, 1 << 20}, {"max-num-seqs", 1, 1 << 16}, {"max-waiting", 1, 1 << 24},
 	{"grace", 0, inf}, {"max-connections", 1, 1 << 20},
+	{"grammar-max-states", 1000, 1 << 24}, {"grammar-timeout", 0.001, 600},
 }
 
 // checkBudget refuses a KV budget over the avail bytes the machine has (0 =
@@ -147,10 +149,18 @@ func runServe(args []string) error {
 	maxConns := fs.Int("max-connections", 2048, "open client connections at most; more wait to be accepted")
 	origins := fs.String("allowed-origins", "", "comma-separated origins that get CORS headers (\"*\" = any); default none")
 	hosts := fs.String("allowed-hosts", "", "comma-separated Host names accepted besides localhost when listening on loopback (\"*\" = any)")
+	gStates := fs.Int("grammar-max-states", grammar.DefaultMaxStates, "automaton states one response_format schema or forced tool call may compile to")
+	gMem := fs.String("grammar-max-memory", "16MiB", "memory one schema's grammar may take while compiled (a schema needing more is refused as soon as it does)")
+	gTime := fs.Duration("grammar-timeout", grammar.DefaultMaxTime, "time one schema may take to compile")
 	var spf specFlags
 	spf.register(fs)
 	if err := parseFlags(fs, args, append(serveLimits, specLimits...)); err != nil {
 		return err
+	}
+	gLim := grammar.Limits{MaxStates: *gStates, MaxTime: *gTime}
+	var err error
+	if gLim.MaxBytes, err = parseBytes(*gMem); err != nil || gLim.MaxBytes < 1<<20 || gLim.MaxBytes > 1<<34 {
+		return fmt.Errorf("--grammar-max-memory %q: want a size from 1MiB to 16GiB", *gMem)
 	}
 	builtin := *modelPath == ""
 	path, err := resolveModel(*modelPath)
@@ -274,7 +284,7 @@ func runServe(args []string) error {
 		return err
 	}
 	so := server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
-		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
+		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
 	if emb := newEmbedder(m); emb != nil {
 		defer emb.Close()
 		so.Embedder = emb
