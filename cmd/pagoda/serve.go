@@ -266,6 +266,9 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := backend.SetChatTemplate(chatTemplate(tok.Vocab(), tmpl, builtin)); err != nil {
+		return err
+	}
 	srv := server.New(backend, server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
 		MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng})
 	ctx, hard, stopSignals := drainSignals(srv.Abort)
