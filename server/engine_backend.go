@@ -29,6 +29,7 @@ type EngineBackend struct {
 	ctxLen int
 	tmpl   *jinja.Template
 	ct     ChatTemplate // tmpl's source and how it was chosen
+	info   ModelInfo
 
 	gvOnce sync.Once
 	gv     *grammar.Vocab
