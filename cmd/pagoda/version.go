@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -14,7 +15,11 @@ import (
 
 func init() {
 	register("version", "print Pagoda's version and the commit it was built from", func(args []string) error {
-		if len(args) > 0 {
+		fs := flag.NewFlagSet("version", flag.ContinueOnError)
+		if err := fs.Parse(args); err != nil {
+			return err
+		}
+		if fs.NArg() > 0 {
 			return fmt.Errorf("version takes no arguments")
 		}
 		fmt.Println("pagoda " + versionLine())
