@@ -18,6 +18,16 @@ import (
 //go:embed stories260K.gguf
 var stories260K []byte
 
+// ChatTemplate is the chat template shipped with the built-in model,
+// which has none of its own: it frames a chat as a dialogue in a story,
+// and ChatStops end the model's turn.
+//
+//go:embed chat_template.jinja
+var ChatTemplate string
+
+// ChatStops end an assistant turn under ChatTemplate: the closing quote.
+func ChatStops() []string { return []string{"\""} }
+
 // Name is the default model's name, as the CLI reports it.
 const Name = "stories260K"
 

@@ -127,60 +127,83 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, ae)
 		return
 	}
-	if ae := s.checkModel(req.Model); ae != nil {
+	er, format, ae := s.prepareChat(r.Context(), &req)
+	if ae != nil {
 		writeAPIError(w, ae)
 		return
+	}
+	s.templateHeader(w)
+	if !s.admit(w) {
+		return
+	}
+	defer s.release()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	reqs := []*engine.Request{er}
+	events, err := s.submitAll(ctx, cancel, reqs)
+	if err != nil {
+		writeAPIError(w, submitError(err))
+		return
+	}
+	c := &chatRun{s: s, id: er.ID, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs), tools: format}
+	if req.Stream {
+		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
+	} else {
+		c.collect(ctx, w, events)
+	}
+}
+
+// prepareChat validates a chat request and builds the engine request:
+// sampling, response format, tools, the rendered prompt and the
+// template's end-of-turn stops. The ollama and Anthropic endpoints
+// translate into a chatRequest and share it.
+func (s *Server) prepareChat(ctx context.Context, req *chatRequest) (*engine.Request, toolFormat, *apiError) {
+	if ae := s.checkModel(req.Model); ae != nil {
+		return nil, toolNone, ae
 	}
 	lim := s.limits()
 	base, ae := req.toEngine(lim)
 	if ae != nil {
-		writeAPIError(w, ae)
-		return
+		return nil, toolNone, ae
 	}
 	if req.TopLogprobs != nil {
 		if !req.Logprobs {
-			writeAPIError(w, badRequest("top_logprobs", "top_logprobs requires logprobs to be true"))
-			return
+			return nil, toolNone, badRequest("top_logprobs", "top_logprobs requires logprobs to be true")
 		}
 		if *req.TopLogprobs < 0 || *req.TopLogprobs > lim.maxLogprobs {
-			writeAPIError(w, badRequest("top_logprobs", "top_logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.TopLogprobs))
-			return
+			return nil, toolNone, badRequest("top_logprobs", "top_logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.TopLogprobs)
 		}
 		base.TopLogprobs = *req.TopLogprobs
 	}
 	base.Logprobs = req.Logprobs
-	if base.Sampling.Constraint, ae = s.constraint(r.Context(), req.ResponseFormat); ae != nil {
-		writeAPIError(w, ae)
-		return
+	if base.Sampling.Constraint, ae = s.constraint(ctx, req.ResponseFormat); ae != nil {
+		return nil, toolNone, ae
 	}
 	if req.ContinueFinalMessage {
-		writeAPIError(w, badRequest("continue_final_message", "continue_final_message is not supported"))
-		return
+		return nil, toolNone, badRequest("continue_final_message", "continue_final_message is not supported")
 	}
 	tools := req.Tools
 	if _, ae := checkTools(tools); ae != nil {
-		writeAPIError(w, ae)
-		return
+		return nil, toolNone, ae
 	}
 	forced, none, ae := forcedTools(req.ToolChoice, tools)
 	if ae != nil {
-		writeAPIError(w, ae)
-		return
+		return nil, toolNone, ae
 	}
 	if none {
 		tools = nil
 	}
 	prompt, ae := s.chatPrompt(req.Messages, req.AddGenerationPrompt, tools, req.ChatTemplateKwargs, req.AddSpecialTokens)
 	if ae != nil {
-		writeAPIError(w, ae)
-		return
+		return nil, toolNone, ae
 	}
-	id := newID("chatcmpl-")
-	er := *base
-	er.ID, er.Prompt = id, prompt
-	if ae := s.setMaxTokens(&er, &req.commonParams, 0, "max_tokens"); ae != nil {
-		writeAPIError(w, ae)
-		return
+	er := base
+	er.ID, er.Prompt = newID("chatcmpl-"), prompt
+	if ae := s.setMaxTokens(er, &req.commonParams, 0, "max_tokens"); ae != nil {
+		return nil, toolNone, ae
+	}
+	if ct, ok := s.templateInfo(); ok {
+		er.StopStrings = append(er.StopStrings, ct.Stops...)
 	}
 
 	format := toolNone
@@ -193,33 +216,13 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if forced != nil {
 		// The reply must be a call: constrained decoding writes it.
 		if er.Sampling.Constraint != nil {
-			writeAPIError(w, badRequest("tool_choice", "tool_choice that forces a call cannot be combined with response_format"))
-			return
+			return nil, toolNone, badRequest("tool_choice", "tool_choice that forces a call cannot be combined with response_format")
 		}
-		if er.Sampling.Constraint, ae = s.toolConstraint(r.Context(), format, forced); ae != nil {
-			writeAPIError(w, ae)
-			return
+		if er.Sampling.Constraint, ae = s.toolConstraint(ctx, format, forced); ae != nil {
+			return nil, toolNone, ae
 		}
 	}
-
-	if !s.admit(w) {
-		return
-	}
-	defer s.release()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	reqs := []*engine.Request{&er}
-	events, err := s.submitAll(ctx, cancel, reqs)
-	if err != nil {
-		writeAPIError(w, submitError(err))
-		return
-	}
-	c := &chatRun{s: s, id: id, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs), tools: format}
-	if req.Stream {
-		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
-	} else {
-		c.collect(ctx, w, events)
-	}
+	return er, format, nil
 }
 
 type chatRun struct {

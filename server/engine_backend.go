@@ -27,8 +27,9 @@ type EngineBackend struct {
 	tok    tokenizer.Tokenizer
 	name   string
 	ctxLen int
-	tmpl   *jinja.Template // nil: the model has no chat template
-	src    string          // tmpl's source, for the tool-call syntax
+	tmpl   *jinja.Template
+	ct     ChatTemplate // tmpl's source and how it was chosen
+	info   ModelInfo
 
 	gvOnce sync.Once
 	gv     *grammar.Vocab
@@ -42,30 +43,35 @@ func (b *EngineBackend) GrammarVocab() *grammar.Vocab {
 }
 
 // NewEngineBackend builds the Backend. chatTemplate overrides the
-// template in the tokenizer's vocabulary; with neither, chat requests get
-// a 400 and completions still work.
+// template in the tokenizer's vocabulary; with neither, chat uses ChatML
+// (ResolveChatTemplate).
 func NewEngineBackend(eng Submitter, tok tokenizer.Tokenizer, name string, contextLen int, chatTemplate string) (*EngineBackend, error) {
 	if eng == nil || tok == nil {
 		return nil, errors.New("server: engine backend needs an engine and a tokenizer")
 	}
 	b := &EngineBackend{eng: eng, tok: tok, name: name, ctxLen: contextLen}
-	src := chatTemplate
-	if src == "" {
-		src = tok.Vocab().ChatTemplate
-	}
-	if src != "" {
-		t, err := jinja.Parse(src)
-		if err != nil {
-			return nil, fmt.Errorf("server: parsing the chat template: %w", err)
-		}
-		b.tmpl, b.src = t, src
+	if err := b.SetChatTemplate(ResolveChatTemplate(chatTemplate, tok.Vocab())); err != nil {
+		return nil, err
 	}
 	return b, nil
 }
 
+// SetChatTemplate replaces the chat template (the built-in model's, say).
+func (b *EngineBackend) SetChatTemplate(ct ChatTemplate) error {
+	t, err := jinja.Parse(ct.Source)
+	if err != nil {
+		return fmt.Errorf("server: parsing the chat template: %w", err)
+	}
+	b.tmpl, b.ct = t, ct
+	return nil
+}
+
 // ChatTemplateSource is the template's text, so the server can choose a
 // tool-call parser.
-func (b *EngineBackend) ChatTemplateSource() string { return b.src }
+func (b *EngineBackend) ChatTemplateSource() string { return b.ct.Source }
+
+// ChatTemplateInfo says which template chat renders with.
+func (b *EngineBackend) ChatTemplateInfo() ChatTemplate { return b.ct }
 
 func (b *EngineBackend) ModelName() string { return b.name }
 func (b *EngineBackend) ContextLen() int   { return b.ctxLen }
@@ -109,9 +115,6 @@ func (b *EngineBackend) Submit(ctx context.Context, r *engine.Request) (<-chan e
 // ApplyChat renders msgs with the template. extra["tools"] becomes the
 // template's tools; every other key is passed as a template variable.
 func (b *EngineBackend) ApplyChat(msgs []ChatMessage, addGenerationPrompt bool, extra map[string]any) (string, error) {
-	if b.tmpl == nil {
-		return "", errors.New("the model has no chat template; use /v1/completions or give the server a chat template")
-	}
 	v := b.tok.Vocab()
 	o := jinja.ChatOptions{AddGenerationPrompt: addGenerationPrompt, Extra: map[string]any{}}
 	if v.BOS >= 0 && int(v.BOS) < v.Size() {
@@ -163,5 +166,9 @@ func (b *EngineBackend) ApplyChat(msgs []ChatMessage, addGenerationPrompt bool, 
 			}
 		}
 	}
-	return b.tmpl.RenderChat(jm, o)
+	text, err := b.tmpl.RenderChat(jm, o)
+	if err != nil {
+		return "", err
+	}
+	return b.ct.withBOS(text, o.BOSToken, v.AddBOS), nil
 }

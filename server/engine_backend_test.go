@@ -216,9 +216,13 @@ func TestEngineBackendTokenText(t *testing.T) {
 	if !found {
 		t.Fatal("stories260K has no <0xE2> byte token?")
 	}
-	if _, err := be.ApplyChat([]ChatMessage{{Role: "user", Content: "x"}}, true, nil); err == nil ||
-		!strings.Contains(err.Error(), "no chat template") {
-		t.Fatalf("no template: %v", err)
+	// No template in the model: ChatML after BOS (the vocabulary adds one), announced as the fallback.
+	if got, err := be.ApplyChat([]ChatMessage{{Role: "system", Content: "s"}, {Role: "user", Content: "x"}}, true, nil); err != nil ||
+		got != "<s><|im_start|>system\ns<|im_end|>\n<|im_start|>user\nx<|im_end|>\n<|im_start|>assistant\n" {
+		t.Fatalf("fallback: %q %v", got, err)
+	}
+	if ct := be.ChatTemplateInfo(); ct.Kind != TemplateFallback || len(ct.Stops) != 1 || detectToolFormat(ct.Source) != toolHermes {
+		t.Fatalf("fallback info %+v", ct.Kind)
 	}
 	if _, err := NewEngineBackend(chainSubmitter{}, tok, "m", 64, "{% if %}"); err == nil {
 		t.Fatal("a broken template must fail at start-up")

@@ -284,3 +284,22 @@ func (s *sse) relay(ctx context.Context, events <-chan tagged, usage *usageSum, 
 
 // runeLen counts characters as OpenAI's text_offset does.
 func runeLen(s string) int { return utf8.RuneCountInString(s) }
+
+// rawEvent writes a named server-sent event (Anthropic's streams name
+// every event).
+func (s *sse) rawEvent(name string, b []byte) {
+	if s.failed {
+		return
+	}
+	buf := make([]byte, 0, len(b)+len(name)+16)
+	buf = append(buf, "event: "...)
+	buf = append(buf, name...)
+	buf = append(buf, "\ndata: "...)
+	buf = append(buf, b...)
+	buf = append(buf, "\n\n"...)
+	if _, err := s.w.Write(buf); err != nil {
+		s.failed = true
+		return
+	}
+	s.flush()
+}

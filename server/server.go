@@ -49,9 +49,13 @@ type Options struct {
 	// tool call (automaton states, memory, time); zero fields take the
 	// grammar package's defaults.
 	GrammarLimits grammar.Limits
-	// StrictModel rejects requests naming a model other than
-	// Backend.ModelName() with 404; otherwise any model name is accepted.
-	StrictModel bool
+	// ServedNames are aliases the model answers to besides
+	// Backend.ModelName() (--served-model-name a,b,c). A request naming
+	// any other model gets 404 model_not_found, as vLLM answers; an empty
+	// or absent model field means the served model.
+	ServedNames []string
+	// AnyModel accepts any model name (the served model answers).
+	AnyModel bool
 	// Version is reported by GET /version and folded into
 	// system_fingerprint.
 	Version string
@@ -153,6 +157,8 @@ func New(b Backend, o Options) *Server {
 	}
 	s.registerWeb(m)
 	s.registerEmbed(m)
+	s.registerOllama(m)
+	s.registerAnthropic(m)
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
@@ -285,19 +291,28 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	if s.o.APIKey == "" {
 		return h
 	}
-	want := []byte(s.o.APIKey)
 	return func(w http.ResponseWriter, r *http.Request) {
-		// RFC 7235: the scheme name is case-insensitive.
-		scheme, tok, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
-		got := []byte(strings.TrimSpace(tok))
-		if !strings.EqualFold(scheme, "Bearer") || subtle.ConstantTimeCompare(got, want) != 1 {
+		if !s.keyOK(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pagoda"`)
 			writeAPIError(w, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error",
-				Code: "invalid_api_key", Message: "missing or incorrect API key (Authorization: Bearer <key>)"})
+				Code: "invalid_api_key", Message: "missing or incorrect API key (Authorization: Bearer <key>, or x-api-key: <key>)"})
 			return
 		}
 		h(w, r)
 	}
+}
+
+// keyOK checks the API key: "Authorization: Bearer <key>" (OpenAI,
+// ollama) or "x-api-key: <key>" (Anthropic).
+func (s *Server) keyOK(r *http.Request) bool {
+	want := []byte(s.o.APIKey)
+	if k := r.Header.Get("X-Api-Key"); k != "" {
+		return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(k)), want) == 1
+	}
+	// RFC 7235: the scheme name is case-insensitive.
+	scheme, tok, _ := strings.Cut(strings.TrimSpace(r.Header.Get("Authorization")), " ")
+	got := []byte(strings.TrimSpace(tok))
+	return strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare(got, want) == 1
 }
 
 func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
@@ -312,24 +327,29 @@ func (s *Server) handleVersion(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"version": s.o.Version})
 }
 
-func (s *Server) modelObject() map[string]any {
+func (s *Server) modelObject(id string) map[string]any {
 	return map[string]any{
-		"id": s.b.ModelName(), "object": "model", "created": s.created,
+		"id": id, "object": "model", "created": s.created,
 		"owned_by": "pagoda", "root": s.b.ModelName(), "parent": nil,
 		"max_model_len": s.b.ContextLen(),
 	}
 }
 
 func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
-	writeJSON(w, map[string]any{"object": "list", "data": []any{s.modelObject()}})
+	var data []any
+	for _, n := range s.servedNames() {
+		data = append(data, s.modelObject(n))
+	}
+	writeJSON(w, map[string]any{"object": "list", "data": data})
 }
 
 func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
-	if id := r.PathValue("id"); id != s.b.ModelName() {
+	id := r.PathValue("id")
+	if !s.serves(id) {
 		writeAPIError(w, modelNotFound(id))
 		return
 	}
-	writeJSON(w, s.modelObject())
+	writeJSON(w, s.modelObject(id))
 }
 
 func modelNotFound(name string) *apiError {
@@ -338,10 +358,33 @@ func modelNotFound(name string) *apiError {
 }
 
 func (s *Server) checkModel(name string) *apiError {
-	if s.o.StrictModel && name != "" && name != s.b.ModelName() {
-		return modelNotFound(name)
+	if s.o.AnyModel || name == "" || s.serves(name) {
+		return nil
 	}
-	return nil
+	return modelNotFound(name)
+}
+
+// serves says whether name is the model or an alias; ollama clients add
+// the ":latest" tag to a bare name, so that tag is ignored.
+func (s *Server) serves(name string) bool {
+	base, tag, ok := strings.Cut(name, ":")
+	for _, n := range s.servedNames() {
+		if name == n || (ok && tag == "latest" && base == n) {
+			return true
+		}
+	}
+	return false
+}
+
+// servedNames is the model's name then its aliases.
+func (s *Server) servedNames() []string {
+	names := []string{s.b.ModelName()}
+	for _, n := range s.o.ServedNames {
+		if n != "" && n != names[0] {
+			names = append(names, n)
+		}
+	}
+	return names
 }
 
 // marshal is json.Marshal without HTML escaping: token text such as "<s>"

@@ -53,7 +53,7 @@ type complResp struct {
 func TestCompletionNonStreaming(t *testing.T) {
 	f := newFake()
 	ts := startServer(t, f, Options{})
-	code, b := post(t, ts, "/v1/completions", `{"model":"x","prompt":"hi","max_tokens":3}`)
+	code, b := post(t, ts, "/v1/completions", `{"model":"fake-model","prompt":"hi","max_tokens":3}`)
 	if code != 200 {
 		t.Fatalf("status %d: %s", code, b)
 	}
@@ -619,11 +619,27 @@ func TestAuth(t *testing.T) {
 
 func TestStrictModel(t *testing.T) {
 	f := newFake()
-	ts := startServer(t, f, Options{StrictModel: true})
-	if code, b := post(t, ts, "/v1/completions", `{"model":"gpt-4","prompt":"hi"}`); code != 404 || !strings.Contains(string(b), "model_not_found") {
-		t.Fatalf("%d %s", code, b)
+	ts := startServer(t, f, Options{ServedNames: []string{"alias"}})
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		body := `,"prompt":"hi","max_tokens":1}`
+		if path == "/v1/chat/completions" {
+			body = `,"messages":[{"role":"user","content":"hi"}],"max_tokens":1}`
+		}
+		if code, b := post(t, ts, path, `{"model":"gpt-4"`+body); code != 404 || !strings.Contains(string(b), "model_not_found") {
+			t.Fatalf("%s: %d %s", path, code, b)
+		}
+		// The served name, an alias and no name at all are the model.
+		for _, m := range []string{`"model":"fake-model"`, `"model":"alias"`, `"model":""`, `"user":"u"`} {
+			if code, b := post(t, ts, path, `{`+m+body); code != 200 {
+				t.Fatalf("%s %s: %d %s", path, m, code, b)
+			}
+		}
 	}
-	if code, _ := post(t, ts, "/v1/completions", `{"model":"fake-model","prompt":"hi","max_tokens":1}`); code != 200 {
+	if resp, b := get(t, ts, "/v1/models/alias"); resp.StatusCode != 200 || !strings.Contains(string(b), `"id":"alias"`) {
+		t.Fatalf("alias model: %d %s", resp.StatusCode, b)
+	}
+	ts2 := startServer(t, f, Options{AnyModel: true})
+	if code, _ := post(t, ts2, "/v1/completions", `{"model":"gpt-4","prompt":"hi","max_tokens":1}`); code != 200 {
 		t.Fatal(code)
 	}
 }

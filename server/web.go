@@ -50,6 +50,12 @@ func (s *Server) registerWeb(m *http.ServeMux) {
 		files.ServeHTTP(w, r)
 	}
 	m.HandleFunc("GET /{$}", page)
+	// Browsers ask for /favicon.ico whatever the page links.
+	m.HandleFunc("GET /favicon.ico", func(w http.ResponseWriter, r *http.Request) {
+		r2 := r.Clone(r.Context())
+		r2.URL.Path = "/favicon.png"
+		page(w, r2)
+	})
 	m.Handle("GET /static/", http.StripPrefix("/static", http.HandlerFunc(page)))
 	m.HandleFunc("GET /api/engine", s.auth(s.handleEngine))
 }

@@ -85,7 +85,7 @@ func TestWebNoExternalRefs(t *testing.T) {
 		}
 		return nil
 	})
-	if err != nil || n != 3 {
+	if err != nil || n != 4 { // index.html, app.js, style.css, favicon.png
 		t.Fatalf("walked %d files: %v", n, err)
 	}
 }
@@ -142,5 +142,20 @@ func TestEngineEndpoint(t *testing.T) {
 	none := startServer(t, newFake(), Options{})
 	if resp, _ := get(t, none, "/api/engine"); resp.StatusCode != 404 {
 		t.Errorf("no engine: %d, want 404", resp.StatusCode)
+	}
+}
+
+func TestWebFavicon(t *testing.T) {
+	ts := startServer(t, newFake(), Options{})
+	for _, p := range []string{"/favicon.ico", "/static/favicon.png"} {
+		resp, err := http.Get(ts.URL + p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "image/png" || len(b) < 8 || string(b[1:4]) != "PNG" {
+			t.Fatalf("%s: %d %s %d bytes", p, resp.StatusCode, resp.Header.Get("Content-Type"), len(b))
+		}
 	}
 }

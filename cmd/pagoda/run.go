@@ -15,6 +15,7 @@ import (
 	"pagoda/jinja"
 	"pagoda/model"
 	"pagoda/sample"
+	"pagoda/server"
 	"pagoda/tokenizer"
 )
 
@@ -160,77 +161,33 @@ func runRun(args []string) error {
 		_, err := runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, *prompt)
 		return err
 	}
-	var msgs []jinja.Message
-	if *system != "" {
-		msgs = append(msgs, jinja.Message{Role: "system", Content: *system})
-	}
+	ct := chatTemplate(tok.Vocab(), "", *modelPath == "")
+	opts.StopStrings = append(opts.StopStrings, ct.Stops...)
 	if *prompt != "" {
+		var msgs []jinja.Message
+		if *system != "" {
+			msgs = append(msgs, jinja.Message{Role: "system", Content: *system})
+		}
 		msgs = append(msgs, jinja.Message{Role: "user", Content: *prompt})
-		ids, err := chatTokens(tok, msgs)
+		ids, err := chatTokens(tok, ct, msgs)
 		if err != nil {
 			return err
 		}
 		_, err = runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, "")
 		return err
 	}
-	in := bufio.NewScanner(os.Stdin)
-	in.Buffer(make([]byte, 1<<20), 1<<24)
-	for {
-		fmt.Fprint(out, "\n> ")
-		out.Flush()
-		if !in.Scan() {
-			fmt.Fprintln(out)
-			return in.Err()
-		}
-		line := strings.TrimSpace(in.Text())
-		if line == "" {
-			continue
-		}
-		msgs = append(msgs, jinja.Message{Role: "user", Content: line})
-		ids, err := chatTokens(tok, msgs)
-		if err != nil {
-			return err
-		}
-		res, err := runOnce(ctx, m, tok, gen, ids, opts, out, *jsonOut, "")
-		if err != nil {
-			return err
-		}
-		msgs = append(msgs, jinja.Message{Role: "assistant", Content: res.Text})
-	}
+	r := &chatREPL{m: m, tok: tok, gen: gen, ct: ct, opts: opts, system: *system, json: *jsonOut, name: path, out: out}
+	return r.run(ctx, os.Stdin)
 }
 
-func chatTokens(tok tokenizer.Tokenizer, msgs []jinja.Message) ([]int32, error) {
-	v := tok.Vocab()
-	text, err := renderChat(v, msgs, true)
+// chatTokens renders msgs with the chat template and tokenizes them, the
+// template's special-token text parsed as the special tokens.
+func chatTokens(tok tokenizer.Tokenizer, ct server.ChatTemplate, msgs []jinja.Message) ([]int32, error) {
+	text, err := ct.RenderPrompt(msgs, tok.Vocab())
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("applying the chat template: %w", err)
 	}
 	return tok.Encode(text, tokenizer.Options{AddSpecial: false, ParseSpecial: true}), nil
-}
-
-// renderChat applies the vocabulary's chat template; without one it falls
-// back to plain "role: content" lines, which any base model can continue.
-func renderChat(v *tokenizer.Vocab, msgs []jinja.Message, addGen bool) (string, error) {
-	tokText := func(id int32) string {
-		if id >= 0 && int(id) < len(v.Tokens) {
-			return v.Tokens[id]
-		}
-		return ""
-	}
-	if v.ChatTemplate == "" {
-		var b strings.Builder
-		if v.BOS >= 0 && v.AddBOS {
-			b.WriteString(tokText(v.BOS))
-		}
-		for _, m := range msgs {
-			fmt.Fprintf(&b, "%s: %s\n", m.Role, m.Content)
-		}
-		if addGen {
-			b.WriteString("assistant:")
-		}
-		return b.String(), nil
-	}
-	return jinja.RenderChat(v.ChatTemplate, msgs, jinja.ChatOptions{AddGenerationPrompt: addGen, BOSToken: tokText(v.BOS), EOSToken: tokText(v.EOS)})
 }
 
 type jsonToken struct {

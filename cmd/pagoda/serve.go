@@ -126,7 +126,7 @@ func runServe(args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: the built-in stories260K)")
 	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
-	name := fs.String("served-model-name", "", "model name in the API (default: the file name)")
+	name := fs.String("served-model-name", "", "model name in the API (default: the file name); a comma-separated list gives aliases; requests naming another model get 404")
 	host := fs.String("host", "127.0.0.1", "listen address")
 	port := fs.Int("port", 8000, "listen port (0 = any free port)")
 	apiKey := fs.String("api-key", "", "require this bearer token on /v1/* (default $PAGODA_API_KEY)")
@@ -226,6 +226,11 @@ func runServe(args []string) error {
 	if tok == nil {
 		return fmt.Errorf("%s has no tokenizer; pass --tokenizer FILE", *modelPath)
 	}
+	aliases := splitList(*name)
+	*name = ""
+	if len(aliases) > 0 {
+		*name, aliases = aliases[0], aliases[1:]
+	}
 	if *name == "" {
 		*name = servedName(*modelPath)
 		if builtin {
@@ -283,7 +288,11 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	so := server.Options{APIKey: *apiKey, Registry: reg, MaxWaiting: *maxWaiting,
+	if err := backend.SetChatTemplate(chatTemplate(tok.Vocab(), tmpl, builtin)); err != nil {
+		return err
+	}
+	backend.SetModelInfo(modelInfo(m, *modelPath, budget))
+	so := server.Options{APIKey: *apiKey, ServedNames: aliases, Version: version(), Registry: reg, MaxWaiting: *maxWaiting,
 		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
 	if emb := newEmbedder(m); emb != nil {
 		defer emb.Close()

@@ -89,6 +89,19 @@ function requestFor(mode) {
   return ["v1/completions", body];
 }
 
+// noteTemplate says once, under the first reply, when the chat template is
+// not the model's own: the server falls back to ChatML for a model without
+// one (as llama-server does), and the built-in story model ships its own.
+let templateNoted = false;
+function noteTemplate(mode, resp, body) {
+  const kind = resp.headers.get("X-Pagoda-Chat-Template");
+  if (mode !== "chat" || templateNoted || !kind || kind === "model" || kind === "custom") return;
+  templateNoted = true;
+  note(body, kind === "chatml-fallback"
+    ? "(this model has no chat template: the server uses ChatML, as llama-server does)"
+    : "(the built-in story model was not trained to chat: its template frames the chat as a dialogue in a story)");
+}
+
 // readSSE calls onData with each parsed "data:" payload until [DONE].
 async function readSSE(resp, onData) {
   const reader = resp.body.getReader();
@@ -131,14 +144,9 @@ async function stream(mode, body, ctl) {
   }
   if (!resp.ok) {
     const msg = await errorText(resp);
-    // The default model has no chat template: continue as plain text.
-    if (mode === "chat" && resp.status === 400 && /no chat template/.test(msg)) {
-      $("mode").value = "text";
-      note(body, "(no chat template: switched to text completion)");
-      return stream("text", body, ctl);
-    }
     throw new Error(msg);
   }
+  noteTemplate(mode, resp, body);
   const t0 = performance.now();
   let text = "";
   let tokens = 0;
@@ -249,19 +257,24 @@ function drawSpark() {
   const rs = rates();
   if (!rs.length) return;
   const now = samples[samples.length - 1].t;
+  // The window grows with the run up to keepMS, so a short run fills the
+  // canvas instead of a sliver at its right edge.
+  const active = rs.find((x) => x.r > 0);
+  const from = active ? active.t - 2000 : samples[0].t;
+  const span = Math.min(keepMS, Math.max(10000, now - from));
   const max = Math.max(1, ...rs.map((x) => x.r));
   g.strokeStyle = getComputedStyle(document.body).getPropertyValue("--accent") || "#2f6fdf";
   g.lineWidth = 1.5;
   g.beginPath();
   rs.forEach((x, i) => {
-    const px = w - ((now - x.t) / keepMS) * w;
+    const px = w - ((now - x.t) / span) * w;
     const py = h - 4 - (x.r / max) * (h - 14);
     i ? g.lineTo(px, py) : g.moveTo(px, py);
   });
   g.stroke();
   g.fillStyle = "#888";
   g.font = "10px sans-serif";
-  g.fillText("max " + max.toFixed(0) + " tok/s · 5 min", 4, 10);
+  g.fillText("max " + max.toFixed(0) + " tok/s · " + (span >= 60000 ? (span / 60000).toFixed(1) + " min" : Math.round(span / 1000) + " s"), 4, 10);
   $("s-rate").textContent = rs[rs.length - 1].r.toFixed(1) + " tok/s now";
 }
 
