@@ -194,6 +194,42 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 	if len(missing) > 0 {
 		return nil, fmt.Errorf("metadata missing: %s", strings.Join(missing, ", "))
 	}
+	if err := c.optionalFromGGUF(f, arch); err != nil {
+		return nil, err
+	}
+	if emb := f.Tensor("token_embd.weight"); emb != nil && len(emb.Dims) == 2 {
+		c.VocabSize = int(min(emb.Dims[1], 1<<31))
+	}
+	c.TiedOutput = f.Tensor("output.weight") == nil
+	// GGUF records no attention_bias: biases only where the architecture
+	// always has them.
+	c.setArch(decl, false)
+	if c.NExpert > 0 {
+		if err := c.routingFromGGUF(f, arch, decl); err != nil {
+			return nil, err
+		}
+	}
+	if c.MLA {
+		if err := c.mlaFromGGUF(f, arch); err != nil {
+			return nil, err
+		}
+	}
+	if rf := f.Tensor("rope_freqs.weight"); rf != nil {
+		n := c.RopeDim / 2
+		if rf.Type != quant.F32 || len(rf.Data) < 4*n {
+			return nil, fmt.Errorf("tensor \"rope_freqs.weight\": want %d F32 values", n)
+		}
+		c.RopeFreqs = make([]float32, n)
+		if err := quant.Dequantize(quant.F32, rf.Data[:4*n], c.RopeFreqs); err != nil {
+			return nil, err
+		}
+	}
+	return c, c.Validate()
+}
+
+// optionalFromGGUF reads the keys that have defaults: head layout, RoPE,
+// norm epsilon, pooling, sliding window.
+func (c *Config) optionalFromGGUF(f *gguf.File, arch string) error {
 	c.NKVHead = c.NHead
 	if v, ok := f.Uint(arch + ".attention.head_count_kv"); ok {
 		c.NKVHead = int(min(v, 1<<20))
@@ -228,37 +264,10 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 		}
 	} else if ok && t != "none" && t != "" {
 		if v, ok := f.Float(arch + ".rope.scaling.factor"); ok && v != 1 && v != 0 {
-			return nil, fmt.Errorf("%s.rope.scaling.type %q (factor %g) not supported", arch, t, v)
+			return fmt.Errorf("%s.rope.scaling.type %q (factor %g) not supported", arch, t, v)
 		}
 	}
-	if emb := f.Tensor("token_embd.weight"); emb != nil && len(emb.Dims) == 2 {
-		c.VocabSize = int(min(emb.Dims[1], 1<<31))
-	}
-	c.TiedOutput = f.Tensor("output.weight") == nil
-	// GGUF records no attention_bias: biases only where the architecture
-	// always has them.
-	c.setArch(decl, false)
-	if c.NExpert > 0 {
-		if err := c.routingFromGGUF(f, arch, decl); err != nil {
-			return nil, err
-		}
-	}
-	if c.MLA {
-		if err := c.mlaFromGGUF(f, arch); err != nil {
-			return nil, err
-		}
-	}
-	if rf := f.Tensor("rope_freqs.weight"); rf != nil {
-		n := c.RopeDim / 2
-		if rf.Type != quant.F32 || len(rf.Data) < 4*n {
-			return nil, fmt.Errorf("tensor \"rope_freqs.weight\": want %d F32 values", n)
-		}
-		c.RopeFreqs = make([]float32, n)
-		if err := quant.Dequantize(quant.F32, rf.Data[:4*n], c.RopeFreqs); err != nil {
-			return nil, err
-		}
-	}
-	return c, c.Validate()
+	return nil
 }
 
 // moeFromGGUF reads the expert counts and widths of a mixture-of-experts

@@ -17,12 +17,12 @@ import (
 // constrained decoding as /v1/chat/completions, streaming in Anthropic's
 // event order, and its error shape. The key may come as x-api-key.
 
-func (s *Server) registerAnthropic(m *http.ServeMux) {
+func (s anthropicAPI) registerAnthropic(m *http.ServeMux) {
 	m.HandleFunc("POST /v1/messages", s.anthropicAuth(s.handleMessages))
 	m.HandleFunc("POST /v1/messages/count_tokens", s.anthropicAuth(s.handleCountTokens))
 }
 
-func (s *Server) anthropicAuth(h http.HandlerFunc) http.HandlerFunc {
+func (s anthropicAPI) anthropicAuth(h http.HandlerFunc) http.HandlerFunc {
 	if s.o.APIKey == "" {
 		return h
 	}
@@ -157,30 +157,13 @@ func textOf(bs []anthropicBlock, where string) (string, *apiError) {
 	return strings.Join(parts, "\n"), nil
 }
 
-// toChat translates the request into a chat request for prepareChat.
-func (s *Server) anthropicToChat(req *anthropicRequest, countOnly bool) (*chatRequest, *apiError) {
-	if req.Model == "" {
-		return nil, badRequest("model", "model: field required")
-	}
-	if ae := s.checkModel(req.Model); ae != nil {
-		return nil, &apiError{Status: http.StatusNotFound, Message: "model: " + req.Model}
-	}
-	if !countOnly {
-		if req.MaxTokens == nil {
-			return nil, badRequest("max_tokens", "max_tokens: field required")
-		}
-		if *req.MaxTokens < 1 {
-			return nil, badRequest("max_tokens", "max_tokens: must be at least 1, got %d", *req.MaxTokens)
-		}
-	}
-	if len(req.Messages) == 0 {
-		return nil, badRequest("messages", "messages: at least one message is required")
+// anthropicToChat translates the request into a chat request for prepareChat.
+func (s anthropicAPI) anthropicToChat(req *anthropicRequest, countOnly bool) (*chatRequest, *apiError) {
+	if ae := s.checkAnthropic(req, countOnly); ae != nil {
+		return nil, ae
 	}
 	cr := &chatRequest{}
 	cr.MaxTokens = req.MaxTokens
-	if req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 1) {
-		return nil, badRequest("temperature", "temperature: must be in [0, 1], got %v", *req.Temperature)
-	}
 	cr.Temperature, cr.TopP, cr.TopK = req.Temperature, req.TopP, req.TopK
 	if len(req.StopSequences) > 0 {
 		b, _ := json.Marshal(req.StopSequences)
@@ -198,61 +181,119 @@ func (s *Server) anthropicToChat(req *anthropicRequest, countOnly bool) (*chatRe
 		cr.Messages = append(cr.Messages, chatMessageIn{Role: "system", Content: jsonString(text)})
 	}
 	for i, m := range req.Messages {
-		where := fmt.Sprintf("messages.%d.content", i)
-		if m.Role != "user" && m.Role != "assistant" {
-			return nil, badRequest("messages", "messages.%d.role: must be \"user\" or \"assistant\", got %q", i, m.Role)
-		}
-		bs, ae := blocks(m.Content, where)
+		msgs, ae := fromAnthropic(i, m)
 		if ae != nil {
 			return nil, ae
 		}
-		var text []string
-		var calls []any
-		for j, b := range bs {
-			switch b.Type {
-			case "text":
-				text = append(text, b.Text)
-			case "tool_use":
-				if m.Role != "assistant" {
-					return nil, badRequest("messages", "%s.%d: tool_use blocks belong in assistant messages", where, j)
-				}
-				in := bytes.TrimSpace(b.Input)
-				if len(in) == 0 {
-					in = []byte("{}")
-				}
-				calls = append(calls, map[string]any{"id": b.ID, "type": "function",
-					"function": map[string]any{"name": b.Name, "arguments": string(in)}})
-			case "tool_result":
-				if m.Role != "user" {
-					return nil, badRequest("messages", "%s.%d: tool_result blocks belong in user messages", where, j)
-				}
-				out := ""
-				if c := bytes.TrimSpace(b.Content); len(c) > 0 && string(c) != "null" {
-					rb, ae := blocks(c, fmt.Sprintf("%s.%d.content", where, j))
-					if ae != nil {
-						return nil, ae
-					}
-					if out, ae = textOf(rb, fmt.Sprintf("%s.%d.content", where, j)); ae != nil {
-						return nil, ae
-					}
-				}
-				if b.IsError {
-					out = "Error: " + out
-				}
-				cr.Messages = append(cr.Messages, chatMessageIn{Role: "tool", Content: jsonString(out), ToolCallID: b.ToolUseID})
-			case "thinking", "redacted_thinking":
-				// Earlier reasoning is not replayed to the model.
-			default:
-				return nil, badRequest("messages", "%s.%d: content block type %q is not supported (text, tool_use and tool_result are)", where, j, b.Type)
-			}
-		}
-		if len(text) == 0 && len(calls) == 0 {
-			continue // only tool results
-		}
-		msg := chatMessageIn{Role: m.Role, Content: jsonString(strings.Join(text, "\n")), ToolCalls: calls}
-		cr.Messages = append(cr.Messages, msg)
+		cr.Messages = append(cr.Messages, msgs...)
 	}
-	for i, t := range req.Tools {
+	tools, ae := anthropicTools(req.Tools)
+	if ae != nil {
+		return nil, ae
+	}
+	cr.Tools = tools
+	if cr.ToolChoice, ae = anthropicToolChoice(req.ToolChoice, len(req.Tools)); ae != nil {
+		return nil, ae
+	}
+	return cr, nil
+}
+
+// checkAnthropic checks the fields the translation does not touch.
+func (s anthropicAPI) checkAnthropic(req *anthropicRequest, countOnly bool) *apiError {
+	if req.Model == "" {
+		return badRequest("model", "model: field required")
+	}
+	if ae := s.checkModel(req.Model); ae != nil {
+		return &apiError{Status: http.StatusNotFound, Message: "model: " + req.Model}
+	}
+	if !countOnly {
+		if req.MaxTokens == nil {
+			return badRequest("max_tokens", "max_tokens: field required")
+		}
+		if *req.MaxTokens < 1 {
+			return badRequest("max_tokens", "max_tokens: must be at least 1, got %d", *req.MaxTokens)
+		}
+	}
+	if len(req.Messages) == 0 {
+		return badRequest("messages", "messages: at least one message is required")
+	}
+	if req.Temperature != nil && (*req.Temperature < 0 || *req.Temperature > 1) {
+		return badRequest("temperature", "temperature: must be in [0, 1], got %v", *req.Temperature)
+	}
+	return nil
+}
+
+// fromAnthropic is message i as chat messages: tool results become
+// tool messages of their own, before the message's text and tool calls.
+func fromAnthropic(i int, m anthropicMessage) ([]chatMessageIn, *apiError) {
+	where := fmt.Sprintf("messages.%d.content", i)
+	if m.Role != "user" && m.Role != "assistant" {
+		return nil, badRequest("messages", "messages.%d.role: must be \"user\" or \"assistant\", got %q", i, m.Role)
+	}
+	bs, ae := blocks(m.Content, where)
+	if ae != nil {
+		return nil, ae
+	}
+	var out []chatMessageIn
+	var text []string
+	var calls []any
+	for j, b := range bs {
+		switch b.Type {
+		case "text":
+			text = append(text, b.Text)
+		case "tool_use":
+			if m.Role != "assistant" {
+				return nil, badRequest("messages", "%s.%d: tool_use blocks belong in assistant messages", where, j)
+			}
+			in := bytes.TrimSpace(b.Input)
+			if len(in) == 0 {
+				in = []byte("{}")
+			}
+			calls = append(calls, map[string]any{"id": b.ID, "type": "function",
+				"function": map[string]any{"name": b.Name, "arguments": string(in)}})
+		case "tool_result":
+			if m.Role != "user" {
+				return nil, badRequest("messages", "%s.%d: tool_result blocks belong in user messages", where, j)
+			}
+			msg, ae := toolResult(b, fmt.Sprintf("%s.%d.content", where, j))
+			if ae != nil {
+				return nil, ae
+			}
+			out = append(out, msg)
+		case "thinking", "redacted_thinking":
+			// Earlier reasoning is not replayed to the model.
+		default:
+			return nil, badRequest("messages", "%s.%d: content block type %q is not supported (text, tool_use and tool_result are)", where, j, b.Type)
+		}
+	}
+	if len(text) == 0 && len(calls) == 0 {
+		return out, nil // only tool results
+	}
+	return append(out, chatMessageIn{Role: m.Role, Content: jsonString(strings.Join(text, "\n")), ToolCalls: calls}), nil
+}
+
+// toolResult is a tool_result block as a tool message.
+func toolResult(b anthropicBlock, where string) (chatMessageIn, *apiError) {
+	out := ""
+	if c := bytes.TrimSpace(b.Content); len(c) > 0 && string(c) != "null" {
+		rb, ae := blocks(c, where)
+		if ae != nil {
+			return chatMessageIn{}, ae
+		}
+		if out, ae = textOf(rb, where); ae != nil {
+			return chatMessageIn{}, ae
+		}
+	}
+	if b.IsError {
+		out = "Error: " + out
+	}
+	return chatMessageIn{Role: "tool", Content: jsonString(out), ToolCallID: b.ToolUseID}, nil
+}
+
+// anthropicTools is the custom tools as OpenAI function tools.
+func anthropicTools(tools []anthropicTool) ([]json.RawMessage, *apiError) {
+	var out []json.RawMessage
+	for i, t := range tools {
 		if t.Type != "" && t.Type != "custom" {
 			return nil, badRequest("tools", "tools.%d: server tool type %q is not supported (only custom tools with input_schema)", i, t.Type)
 		}
@@ -268,35 +309,40 @@ func (s *Server) anthropicToChat(req *anthropicRequest, countOnly bool) (*chatRe
 			fn["description"] = t.Description
 		}
 		b, _ := json.Marshal(map[string]any{"type": "function", "function": fn})
-		cr.Tools = append(cr.Tools, b)
+		out = append(out, b)
 	}
-	if c := req.ToolChoice; c != nil {
-		var choice any
-		switch c.Type {
-		case "auto", "":
-		case "any":
-			choice = "required"
-		case "none":
-			choice = "none"
-		case "tool":
-			if c.Name == "" {
-				return nil, badRequest("tool_choice", "tool_choice.name: field required for type \"tool\"")
-			}
-			choice = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
-		default:
-			return nil, badRequest("tool_choice", "tool_choice.type: must be auto, any, tool or none, got %q", c.Type)
-		}
-		if choice != nil {
-			if len(req.Tools) == 0 {
-				return nil, badRequest("tool_choice", "tool_choice %q needs tools", c.Type)
-			}
-			cr.ToolChoice, _ = json.Marshal(choice)
-		}
-	}
-	return cr, nil
+	return out, nil
 }
 
-func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
+// anthropicToolChoice is tool_choice in OpenAI's terms (nil for auto).
+func anthropicToolChoice(c *anthropicChoice, tools int) (json.RawMessage, *apiError) {
+	if c == nil {
+		return nil, nil
+	}
+	var choice any
+	switch c.Type {
+	case "auto", "":
+		return nil, nil
+	case "any":
+		choice = "required"
+	case "none":
+		choice = "none"
+	case "tool":
+		if c.Name == "" {
+			return nil, badRequest("tool_choice", "tool_choice.name: field required for type \"tool\"")
+		}
+		choice = map[string]any{"type": "function", "function": map[string]any{"name": c.Name}}
+	default:
+		return nil, badRequest("tool_choice", "tool_choice.type: must be auto, any, tool or none, got %q", c.Type)
+	}
+	if tools == 0 {
+		return nil, badRequest("tool_choice", "tool_choice %q needs tools", c.Type)
+	}
+	b, _ := json.Marshal(choice)
+	return b, nil
+}
+
+func (s anthropicAPI) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	var req anthropicRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		anthropicError(w, ae)
@@ -344,7 +390,7 @@ type anthropicResponse struct {
 	Usage        anthropicUsage     `json:"usage"`
 }
 
-func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
+func (s anthropicAPI) handleMessages(w http.ResponseWriter, r *http.Request) {
 	var req anthropicRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		anthropicError(w, ae)
@@ -370,31 +416,38 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	id := newID("msg_")[:28]
 	head := anthropicResponse{ID: id, Type: "message", Role: "assistant", Model: s.b.ModelName(), Content: []anthropicContent{},
 		Usage: anthropicUsage{InputTokens: len(er.Prompt)}}
-	if !req.Stream {
-		res, ae := s.runTurn(ctx, cancel, er, format, nil)
-		if ae != nil {
-			anthropicError(w, ae)
-			return
-		}
-		if ctx.Err() != nil {
-			return
-		}
-		if res.text != "" || len(res.calls) == 0 {
-			t := res.text
-			head.Content = append(head.Content, anthropicContent{Type: "text", Text: &t})
-		}
-		for _, c := range res.calls {
-			head.Content = append(head.Content, anthropicContent{Type: "tool_use", ID: toolUseID(), Name: c.Name, Input: argsObject(c.Arguments)})
-		}
-		reason, seq := s.anthropicStop(res, req.StopSequences)
-		head.StopReason, head.StopSequence = &reason, seq
-		head.Usage = anthropicUsage{InputTokens: res.usage.PromptTokens, OutputTokens: res.usage.CompletionTokens}
-		if res.usage.PromptTokensDetails != nil {
-			head.Usage.CacheReadInputTokens = res.usage.PromptTokensDetails.CachedTokens
-		}
-		writeJSON(w, head)
+	if req.Stream {
+		s.streamMessage(ctx, cancel, w, er, format, head, req.StopSequences)
 		return
 	}
+	res, ae := s.runTurn(ctx, cancel, er, format, nil)
+	if ae != nil {
+		anthropicError(w, ae)
+		return
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if res.text != "" || len(res.calls) == 0 {
+		t := res.text
+		head.Content = append(head.Content, anthropicContent{Type: "text", Text: &t})
+	}
+	for _, c := range res.calls {
+		head.Content = append(head.Content, anthropicContent{Type: "tool_use", ID: toolUseID(), Name: c.Name, Input: argsObject(c.Arguments)})
+	}
+	reason, seq := s.anthropicStop(res, req.StopSequences)
+	head.StopReason, head.StopSequence = &reason, seq
+	head.Usage = anthropicUsage{InputTokens: res.usage.PromptTokens, OutputTokens: res.usage.CompletionTokens}
+	if res.usage.PromptTokensDetails != nil {
+		head.Usage.CacheReadInputTokens = res.usage.PromptTokensDetails.CachedTokens
+	}
+	writeJSON(w, head)
+}
+
+// streamMessage runs the turn as Anthropic's event stream: message_start,
+// a ping, each content block's start/delta/stop, message_delta and
+// message_stop.
+func (s anthropicAPI) streamMessage(ctx context.Context, cancel context.CancelFunc, w http.ResponseWriter, er *engine.Request, format toolFormat, head anthropicResponse, stops []string) {
 	out := newSSE(w, s.cutError)
 	ev := func(name string, v any) {
 		b, err := marshal(v)
@@ -448,7 +501,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 		ev("content_block_stop", map[string]any{"type": "content_block_stop", "index": index})
 		index++
 	}
-	reason, seq := s.anthropicStop(res, req.StopSequences)
+	reason, seq := s.anthropicStop(res, stops)
 	ev("message_delta", map[string]any{"type": "message_delta",
 		"delta": map[string]any{"stop_reason": reason, "stop_sequence": seq},
 		"usage": map[string]int{"output_tokens": res.usage.CompletionTokens}})
@@ -458,7 +511,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 func toolUseID() string { return "toolu_" + newID("")[:24] }
 
 // anthropicStop is stop_reason and stop_sequence for a finished turn.
-func (s *Server) anthropicStop(res *turnResult, stops []string) (string, *string) {
+func (s anthropicAPI) anthropicStop(res *turnResult, stops []string) (string, *string) {
 	switch {
 	case len(res.calls) > 0:
 		return "tool_use", nil

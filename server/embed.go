@@ -28,7 +28,7 @@ type Embedder interface {
 // maxEmbedInputs is OpenAI's cap on the inputs of one request.
 const maxEmbedInputs = 2048
 
-func (s *Server) registerEmbed(m *http.ServeMux) {
+func (s embedAPI) registerEmbed(m *http.ServeMux) {
 	m.HandleFunc("POST /v1/embeddings", s.auth(s.handleEmbeddings))
 	m.HandleFunc("POST /api/embed", s.auth(s.handleOllamaEmbed))
 	m.HandleFunc("POST /api/embeddings", s.auth(s.handleOllamaEmbeddings))
@@ -65,7 +65,7 @@ func noEmbeddings() *apiError {
 
 // parseEmbedInput reads OpenAI's input: a string, an array of strings, an
 // array of token ids, or an array of arrays of token ids.
-func (s *Server) parseEmbedInput(raw json.RawMessage) ([][]int32, *apiError) {
+func (s embedAPI) parseEmbedInput(raw json.RawMessage) ([][]int32, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, badRequest("input", "input is required")
@@ -116,7 +116,7 @@ func (s *Server) parseEmbedInput(raw json.RawMessage) ([][]int32, *apiError) {
 	}
 }
 
-func (s *Server) embedTexts(texts []string) ([][]int32, *apiError) {
+func (s embedAPI) embedTexts(texts []string) ([][]int32, *apiError) {
 	out := make([][]int32, len(texts))
 	for i, t := range texts {
 		if t == "" {
@@ -127,7 +127,7 @@ func (s *Server) embedTexts(texts []string) ([][]int32, *apiError) {
 	return out, nil
 }
 
-func (s *Server) embedIDs(list []json.RawMessage, where string) ([]int32, *apiError) {
+func (s embedAPI) embedIDs(list []json.RawMessage, where string) ([]int32, *apiError) {
 	if len(list) == 0 {
 		return nil, badRequest("input", "%s is an empty array of token ids", where)
 	}
@@ -149,7 +149,7 @@ func (s *Server) embedIDs(list []json.RawMessage, where string) ([]int32, *apiEr
 // checkLengths refuses inputs longer than the model's context (OpenAI's
 // wording), or with truncate cuts them to it, keeping a closing special
 // token (BERT's [SEP]) the tokenizer put last.
-func (s *Server) checkLengths(inputs [][]int32, ctxLen int, truncate bool) *apiError {
+func (s embedAPI) checkLengths(inputs [][]int32, ctxLen int, truncate bool) *apiError {
 	closing := int32(-1)
 	if e := s.b.Tokenize("", true); len(e) > 0 {
 		if p := s.b.Tokenize("x", true); len(p) > 1 && p[len(p)-1] == e[len(e)-1] && len(e) > 1 {
@@ -202,7 +202,7 @@ func embedBase64(v []float32) string {
 	return base64.StdEncoding.EncodeToString(b)
 }
 
-func (s *Server) runEmbed(ctx context.Context, inputs [][]int32) ([][]float32, *apiError) {
+func (s embedAPI) runEmbed(ctx context.Context, inputs [][]int32) ([][]float32, *apiError) {
 	vecs, err := s.o.Embedder.Embed(ctx, inputs)
 	if err != nil {
 		if ctx.Err() != nil {
@@ -213,7 +213,7 @@ func (s *Server) runEmbed(ctx context.Context, inputs [][]int32) ([][]float32, *
 	return vecs, nil
 }
 
-func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
+func (s embedAPI) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var req embeddingsRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		writeAPIError(w, ae)
@@ -305,7 +305,7 @@ func writeOllamaError(w http.ResponseWriter, ae *apiError) {
 }
 
 // ollamaInputs reads ollama's input: a string or an array of strings.
-func (s *Server) ollamaInputs(raw json.RawMessage) ([][]int32, *apiError) {
+func (s embedAPI) ollamaInputs(raw json.RawMessage) ([][]int32, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || bytes.Equal(raw, []byte("null")) {
 		return nil, badRequest("input", "input is required")
@@ -341,7 +341,7 @@ func ollamaContext(opts map[string]any, model int) (int, *apiError) {
 	return min(int(f), model), nil
 }
 
-func (s *Server) handleOllamaEmbed(w http.ResponseWriter, r *http.Request) {
+func (s embedAPI) handleOllamaEmbed(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	var req ollamaEmbedRequest
 	if ae := decodeBody(r, &req); ae != nil {
@@ -392,7 +392,7 @@ func (s *Server) handleOllamaEmbed(w http.ResponseWriter, r *http.Request) {
 
 // handleOllamaEmbeddings is ollama's deprecated /api/embeddings: one
 // prompt, and, as ollama returns it, the vector unnormalized.
-func (s *Server) handleOllamaEmbeddings(w http.ResponseWriter, r *http.Request) {
+func (s embedAPI) handleOllamaEmbeddings(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Model     string         `json:"model"`
 		Prompt    *string        `json:"prompt"`

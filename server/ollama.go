@@ -38,7 +38,7 @@ type ModelInfoer interface {
 	ModelInfo() ModelInfo
 }
 
-func (s *Server) registerOllama(m *http.ServeMux) {
+func (s ollamaAPI) registerOllama(m *http.ServeMux) {
 	m.HandleFunc("POST /api/chat", s.auth(s.handleOllamaChat))
 	m.HandleFunc("POST /api/generate", s.auth(s.handleOllamaGenerate))
 	m.HandleFunc("GET /api/tags", s.auth(s.handleOllamaTags))
@@ -123,7 +123,7 @@ func ollamaError(w http.ResponseWriter, ae *apiError) {
 
 // ollamaModel checks the model field: ollama requires it, and clients add
 // the ":latest" tag to a bare name.
-func (s *Server) ollamaModel(name string) *apiError {
+func (s ollamaAPI) ollamaModel(name string) *apiError {
 	if name == "" {
 		return badRequest("model", "model is required")
 	}
@@ -182,7 +182,7 @@ func jsonString(s string) json.RawMessage {
 	return b
 }
 
-func (s *Server) ollamaChatRequest(req *ollamaChatRequest) (*chatRequest, *apiError) {
+func (s ollamaAPI) ollamaChatRequest(req *ollamaChatRequest) (*chatRequest, *apiError) {
 	if ae := s.ollamaModel(req.Model); ae != nil {
 		return nil, ae
 	}
@@ -210,7 +210,7 @@ func (s *Server) ollamaChatRequest(req *ollamaChatRequest) (*chatRequest, *apiEr
 	return cr, nil
 }
 
-func (s *Server) handleOllamaChat(w http.ResponseWriter, r *http.Request) {
+func (s ollamaAPI) handleOllamaChat(w http.ResponseWriter, r *http.Request) {
 	var req ollamaChatRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		ollamaError(w, ae)
@@ -235,7 +235,7 @@ func (s *Server) handleOllamaChat(w http.ResponseWriter, r *http.Request) {
 	s.ollamaRun(w, r, er, format, req.Stream == nil || *req.Stream, true)
 }
 
-func (s *Server) handleOllamaGenerate(w http.ResponseWriter, r *http.Request) {
+func (s ollamaAPI) handleOllamaGenerate(w http.ResponseWriter, r *http.Request) {
 	var req ollamaGenerateRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		ollamaError(w, ae)
@@ -321,7 +321,7 @@ type ollamaHead struct {
 	CreatedAt string `json:"created_at"`
 }
 
-func (s *Server) ollamaHead() ollamaHead {
+func (s ollamaAPI) ollamaHead() ollamaHead {
 	return ollamaHead{Model: s.b.ModelName(), CreatedAt: time.Now().UTC().Format(time.RFC3339Nano)}
 }
 
@@ -349,7 +349,7 @@ type ollamaDone struct {
 
 // ollamaRun runs one generation and answers in ollama's shape: NDJSON
 // chunks then a final one with the statistics, or that final one alone.
-func (s *Server) ollamaRun(w http.ResponseWriter, r *http.Request, er *engine.Request, format toolFormat, stream, chat bool) {
+func (s ollamaAPI) ollamaRun(w http.ResponseWriter, r *http.Request, er *engine.Request, format toolFormat, stream, chat bool) {
 	if !s.admit(w) {
 		return
 	}
@@ -457,7 +457,7 @@ func (n *ndjson) send(v any) {
 	}
 }
 
-func (s *Server) modelInfo() ModelInfo {
+func (s ollamaAPI) modelInfo() ModelInfo {
 	var mi ModelInfo
 	if m, ok := s.b.(ModelInfoer); ok {
 		mi = m.ModelInfo()
@@ -498,11 +498,11 @@ func (mi ModelInfo) details() ollamaDetails {
 
 // digest is a stable stand-in for ollama's blob digest: the name and
 // the model's shape, hashed.
-func (s *Server) digest(mi ModelInfo) string {
+func (s ollamaAPI) digest(mi ModelInfo) string {
 	return strings.TrimPrefix(s.fp, "fp_") + fmt.Sprintf("%012x", mi.SizeBytes)
 }
 
-func (s *Server) handleOllamaTags(w http.ResponseWriter, r *http.Request) {
+func (s ollamaAPI) handleOllamaTags(w http.ResponseWriter, r *http.Request) {
 	mi := s.modelInfo()
 	var models []map[string]any
 	for _, name := range s.servedNames() {
@@ -513,7 +513,7 @@ func (s *Server) handleOllamaTags(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]any{"models": models})
 }
 
-func (s *Server) handleOllamaPS(w http.ResponseWriter, r *http.Request) {
+func (s ollamaAPI) handleOllamaPS(w http.ResponseWriter, r *http.Request) {
 	mi := s.modelInfo()
 	name := s.b.ModelName()
 	// keep_alive is not honoured by unloading: the model is held until the
@@ -524,7 +524,7 @@ func (s *Server) handleOllamaPS(w http.ResponseWriter, r *http.Request) {
 		"context_length": s.b.ContextLen()}}})
 }
 
-func (s *Server) handleOllamaShow(w http.ResponseWriter, r *http.Request) {
+func (s ollamaAPI) handleOllamaShow(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Model   string `json:"model"`
 		Name    string `json:"name"` // the older field
@@ -571,7 +571,7 @@ func (s *Server) handleOllamaShow(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-func (s *Server) handleOllamaVersion(w http.ResponseWriter, r *http.Request) {
+func (s ollamaAPI) handleOllamaVersion(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"version": s.o.Version})
 }
 

@@ -146,19 +146,20 @@ func New(b Backend, o Options) *Server {
 	m := http.NewServeMux()
 	m.HandleFunc("POST /v1/completions", s.auth(s.handleCompletions))
 	m.HandleFunc("POST /v1/chat/completions", s.auth(s.handleChat))
-	m.HandleFunc("GET /v1/models", s.auth(s.handleModels))
-	m.HandleFunc("GET /v1/models/{id...}", s.auth(s.handleModel))
-	m.HandleFunc("POST /tokenize", s.auth(s.handleTokenize))
-	m.HandleFunc("POST /detokenize", s.auth(s.handleDetokenize))
-	m.HandleFunc("GET /health", s.handleHealth)
-	m.HandleFunc("GET /version", s.handleVersion)
+	models, tok := modelsAPI{s}, tokenizeAPI{s}
+	m.HandleFunc("GET /v1/models", s.auth(models.handleModels))
+	m.HandleFunc("GET /v1/models/{id...}", s.auth(models.handleModel))
+	m.HandleFunc("POST /tokenize", s.auth(tok.handleTokenize))
+	m.HandleFunc("POST /detokenize", s.auth(tok.handleDetokenize))
+	m.HandleFunc("GET /health", models.handleHealth)
+	m.HandleFunc("GET /version", models.handleVersion)
 	if o.Registry != nil {
 		m.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
 	}
-	s.registerWeb(m)
-	s.registerEmbed(m)
-	s.registerOllama(m)
-	s.registerAnthropic(m)
+	webAPI{s}.registerWeb(m)
+	embedAPI{s}.registerEmbed(m)
+	ollamaAPI{s}.registerOllama(m)
+	anthropicAPI{s}.registerAnthropic(m)
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
@@ -315,7 +316,7 @@ func (s *Server) keyOK(r *http.Request) bool {
 	return strings.EqualFold(scheme, "Bearer") && subtle.ConstantTimeCompare(got, want) == 1
 }
 
-func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
+func (s modelsAPI) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
@@ -323,11 +324,11 @@ func (s *Server) handleHealth(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-func (s *Server) handleVersion(w http.ResponseWriter, r *http.Request) {
+func (s modelsAPI) handleVersion(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]string{"version": s.o.Version})
 }
 
-func (s *Server) modelObject(id string) map[string]any {
+func (s modelsAPI) modelObject(id string) map[string]any {
 	return map[string]any{
 		"id": id, "object": "model", "created": s.created,
 		"owned_by": "pagoda", "root": s.b.ModelName(), "parent": nil,
@@ -335,7 +336,7 @@ func (s *Server) modelObject(id string) map[string]any {
 	}
 }
 
-func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
+func (s modelsAPI) handleModels(w http.ResponseWriter, r *http.Request) {
 	var data []any
 	for _, n := range s.servedNames() {
 		data = append(data, s.modelObject(n))
@@ -343,7 +344,7 @@ func (s *Server) handleModels(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, map[string]any{"object": "list", "data": data})
 }
 
-func (s *Server) handleModel(w http.ResponseWriter, r *http.Request) {
+func (s modelsAPI) handleModel(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	if !s.serves(id) {
 		writeAPIError(w, modelNotFound(id))
@@ -532,3 +533,14 @@ func register[C prometheus.Collector](reg *prometheus.Registry, c C) C {
 	}
 	return c
 }
+
+// The route groups: each API surface's handlers hang off its own type so
+// that Server keeps only what every surface shares.
+type (
+	ollamaAPI    struct{ *Server }
+	anthropicAPI struct{ *Server }
+	embedAPI     struct{ *Server }
+	tokenizeAPI  struct{ *Server }
+	webAPI       struct{ *Server }
+	modelsAPI    struct{ *Server }
+)

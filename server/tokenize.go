@@ -24,7 +24,7 @@ type tokenizeResponse struct {
 	TokenStrs   []string `json:"token_strs"`
 }
 
-func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+func (s tokenizeAPI) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var req tokenizeRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		writeAPIError(w, ae)
@@ -78,7 +78,7 @@ type detokenizeRequest struct {
 	Tokens json.RawMessage `json:"tokens"`
 }
 
-func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
+func (s tokenizeAPI) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	var req detokenizeRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		writeAPIError(w, ae)

@@ -33,7 +33,7 @@ const blocksTimeout = 2 * time.Second
 // could load.
 const webCSP = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
 
-func (s *Server) registerWeb(m *http.ServeMux) {
+func (s webAPI) registerWeb(m *http.ServeMux) {
 	sub, err := fs.Sub(webFiles, "web")
 	if err != nil {
 		panic(err) // the embedded tree is fixed at build time
@@ -99,7 +99,7 @@ type blockView struct {
 	Owner []int32 `json:"owner"`
 }
 
-func (s *Server) handleEngine(w http.ResponseWriter, r *http.Request) {
+func (s webAPI) handleEngine(w http.ResponseWriter, r *http.Request) {
 	ev := s.o.Engine
 	if ev == nil {
 		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error", Code: "not_found",
