@@ -464,6 +464,21 @@ func soakOne(t *testing.T, m *model.Model, sc soakConfig, dur time.Duration, see
 		time.Sleep(min(phase, time.Until(deadline)))
 	}
 	wg.Wait()
+	// A short run's random mix can miss a mid-stream hang-up (7.5% of
+	// requests try one, and only while the stream is live): make one on
+	// purpose so the path is always exercised.
+	for try := 0; try < 5 && cnt.disconnected.Load() == 0; try++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		live, err := cl.disconnect(ctx, soakSpec{prompt: "Once upon a time", maxTokens: 200}, 1, int64(seed), 1)
+		cancel()
+		if err != nil {
+			t.Errorf("deliberate disconnect: %v", err)
+			break
+		}
+		if live {
+			cnt.disconnected.Add(1)
+		}
+	}
 
 	// Settle: the engine must be empty.
 	var st engine.Stats
