@@ -76,6 +76,11 @@ type Config struct {
 	Spec SpecConfig
 
 	Registry *prometheus.Registry // where the vllm:* metrics go; nil = nowhere
+	// Executor, when set, runs the steps elsewhere (worker processes of a
+	// tensor-parallel group): the engine keeps only the KV manager, with
+	// no pages, and Executor gets the KV configuration the workers'
+	// storage must be built with. The Forwarder given to New is unused.
+	Executor func(kvcache.Config) (executor.Executor, error)
 	// Ops computes attention in the KV cache (nil: kernels.Best()); the
 	// model's own set (model.Ops) keeps a reference model plain Go.
 	Ops *kernels.Ops
@@ -227,7 +232,7 @@ type completion struct {
 
 // New builds an engine and its KV cache; call Start to run it.
 func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
-	if fw == nil || tok == nil {
+	if (fw == nil && cfg.Executor == nil) || tok == nil {
 		return nil, fmt.Errorf("engine: model and tokenizer are required")
 	}
 	if cfg.VocabSize <= 0 || cfg.ContextLen <= 0 {
@@ -271,7 +276,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		per := kcfg.BlockBytes() / int64(cmp.Or(kcfg.BlockSize, kvcache.DefaultBlockSize))
 		kcfg.Bytes = min(mulCap(mulCap(per, int64(cfg.ContextLen)+kvcache.DefaultBlockSize, 1<<30), int64(cfg.MaxNumSeqs), 1<<30), 1<<30)
 	}
-	kv, err := kvcache.New(kcfg)
+	kv, ex, err := newKV(fw, kcfg, cfg.Executor)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
@@ -288,7 +293,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		km = specKV{kv, cfg.Spec.Proposer}
 	}
 	e := &Engine{
-		ex: executor.NewLocal(fw, kv), tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
+		ex: ex, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
 		maxLen: cfg.ContextLen,
 		wake:   make(chan struct{}, 1),
 		stopCh: make(chan struct{}), forceCh: make(chan struct{}), done: make(chan struct{}),
@@ -336,6 +341,30 @@ func (e *Engine) Stop(ctx context.Context) error {
 		<-e.done
 		return ctx.Err()
 	}
+}
+
+// newKV is the KV cache and the executor of the steps: a local cache with
+// its pages run by fw, or, with remote, the manager alone and the
+// executor remote builds for the workers' storage.
+func newKV(fw Forwarder, kcfg kvcache.Config, remote func(kvcache.Config) (executor.Executor, error)) (*kvcache.Cache, executor.Executor, error) {
+	if remote == nil {
+		kv, err := kvcache.New(kcfg)
+		if err != nil {
+			return nil, nil, err
+		}
+		return kv, executor.NewLocal(fw, kv), nil
+	}
+	kv, err := kvcache.NewManager(kcfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	// The workers build their pages from the manager's resolved
+	// configuration, so both count the same blocks.
+	ex, err := remote(kv.Config())
+	if err != nil {
+		return nil, nil, err
+	}
+	return kv, ex, nil
 }
 
 // Stats returns the snapshot of the last step.

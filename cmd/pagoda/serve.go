@@ -131,6 +131,7 @@ func runServe(args []string) error {
 	port := fs.Int("port", 8000, "listen port (0 = any free port)")
 	apiKey := fs.String("api-key", "", "require this bearer token on /v1/* (default $PAGODA_API_KEY)")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
+	tpf := addTPFlags(fs)
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
 	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM); refused when over the memory available (Linux: MemAvailable, or a cgroup v2 memory.max)")
 	kvFrac := fs.Float64("kv-cache-fraction", 0.25, "fraction of available RAM for the KV cache when --kv-cache-memory is not set")
@@ -217,7 +218,12 @@ func runServe(args []string) error {
 		}
 		tmpl = string(b)
 	}
-	m, err := openModel(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
+	grp, err := tpf.start(*modelPath, *threads, os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer grp.close()
+	m, err := grp.openModel(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
 	if err != nil {
 		return err
 	}
@@ -275,7 +281,7 @@ func runServe(args []string) error {
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, KVPolicy: pol, KVRope: engine.ModelConfig(m, "").KVRope, Spec: sc,
+		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen),
 	})
 	if err != nil {
 		return err
@@ -294,7 +300,7 @@ func runServe(args []string) error {
 	backend.SetModelInfo(modelInfo(m, *modelPath, budget))
 	so := server.Options{APIKey: *apiKey, ServedNames: aliases, Version: version(), Registry: reg, MaxWaiting: *maxWaiting,
 		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
-	if emb := newEmbedder(m); emb != nil {
+	if emb := grp.embedder(m); emb != nil {
 		defer emb.Close()
 		so.Embedder = emb
 	}

@@ -1,0 +1,192 @@
+package cluster
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"pagoda/executor"
+	"pagoda/kvcache"
+	"pagoda/model"
+)
+
+// Group is the coordinator's side of a tensor-parallel group: an Executor
+// that sends each step to every rank and returns rank 0's logits. Every
+// rank must run every step (each holds a slice of every layer), so the
+// step goes out to all of them at once and the group waits for all.
+type Group struct {
+	conns   []net.Conn
+	remotes []*executor.Remote
+	outs    []executor.StepOutput
+	errs    []error
+
+	mu     sync.Mutex
+	broken error
+	closed bool
+}
+
+// GroupOptions configure Connect.
+type GroupOptions struct {
+	// Model is the coordinator's view of the model (it may be one rank's
+	// shard): each worker's must have the same shape.
+	Model *model.Config
+	// KV is the manager's configuration; every rank builds the same
+	// blocks for its own heads.
+	KV kvcache.Config
+	// Threads per worker (0: the worker's own default).
+	Threads int
+	// Context overrides the model's context length on the workers (0:
+	// the model's).
+	Context int
+	// Timeout bounds connecting and the workers' loading (0: 10 minutes).
+	Timeout time.Duration
+}
+
+// Connect makes the workers at addrs ranks 0…n-1 of a new group. It
+// returns when every rank has loaded its shard and joined the mesh, or
+// with the first rank's error.
+func Connect(addrs []string, o GroupOptions) (*Group, error) {
+	n := len(addrs)
+	if n < 2 {
+		return nil, fmt.Errorf("tensor parallel: %d workers (need at least 2)", n)
+	}
+	if o.Model == nil {
+		return nil, errors.New("tensor parallel: no model shape")
+	}
+	spec, err := specOf(o.KV)
+	if err != nil {
+		return nil, err
+	}
+	timeout := o.Timeout
+	if timeout == 0 {
+		timeout = 10 * time.Minute
+	}
+	var sid [8]byte
+	rand.Read(sid[:])
+	session := hex.EncodeToString(sid[:])
+	g := &Group{conns: make([]net.Conn, n), remotes: make([]*executor.Remote, n), outs: make([]executor.StepOutput, n), errs: make([]error, n)}
+	for r, a := range addrs {
+		c, err := net.DialTimeout("tcp", a, 30*time.Second)
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("tensor parallel: worker %d at %s: %w", r, a, err)
+		}
+		g.conns[r] = c
+	}
+	// Every rank must get its hello before any can finish joining the
+	// mesh, so send all first, then read the replies.
+	for r, c := range g.conns {
+		h := hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0}
+		if err := writeMsg(bufio.NewWriter(c), h); err != nil {
+			g.Close()
+			return nil, fmt.Errorf("tensor parallel: worker %d at %s: %w", r, addrs[r], err)
+		}
+	}
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for r, c := range g.conns {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c.SetReadDeadline(time.Now().Add(timeout))
+			var rep reply
+			if err := readMsg(c, &rep); err != nil {
+				errs[r] = err
+			} else if rep.Error != "" {
+				errs[r] = errors.New(rep.Error)
+			}
+			c.SetReadDeadline(time.Time{})
+		}()
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			g.Close()
+			return nil, fmt.Errorf("tensor parallel: worker %d at %s: %w", r, addrs[r], err)
+		}
+	}
+	for r, c := range g.conns {
+		g.remotes[r] = executor.NewRemote(c, c)
+	}
+	return g, nil
+}
+
+// Execute runs the step on every rank and returns rank 0's output. A
+// failure breaks the group for good: the ranks' KV storage and mesh are
+// in an unknown state, so later steps fail with the first error.
+func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	g.mu.Lock()
+	if g.broken != nil {
+		defer g.mu.Unlock()
+		return executor.StepOutput{}, g.broken
+	}
+	g.mu.Unlock()
+	var wg sync.WaitGroup
+	for r, x := range g.remotes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			g.outs[r], g.errs[r] = x.Execute(in)
+		}()
+	}
+	wg.Wait()
+	for r, err := range g.errs {
+		if err != nil {
+			err = fmt.Errorf("tensor parallel: rank %d: %w", r, err)
+			g.mu.Lock()
+			if g.broken == nil {
+				g.broken = err
+			}
+			g.mu.Unlock()
+			g.Close()
+			return executor.StepOutput{}, err
+		}
+	}
+	return g.outs[0], nil
+}
+
+// Close hangs up on every worker; they free their shard and wait for the
+// next coordinator.
+func (g *Group) Close() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.closed {
+		return nil
+	}
+	g.closed = true
+	if g.broken == nil {
+		g.broken = errors.New("tensor parallel: the group is closed")
+	}
+	for _, c := range g.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+	return nil
+}
+
+// OpenShape opens the coordinator's view of the model: rank 0's shard of
+// ranks, for the configuration, tokenizer and metadata the scheduler and
+// server need, at 1/ranks of the weights' memory. It never runs the
+// forward pass: its collective refuses to.
+func OpenShape(path string, ranks int, o model.Options) (*model.Model, error) {
+	o.Rank, o.Ranks, o.Group = 0, ranks, noExchange{}
+	return model.Open(path, o)
+}
+
+// noExchange is the collective of a model that must not compute.
+type noExchange struct{}
+
+func (noExchange) AllReduce(int, []float32) {
+	panic("cluster: the coordinator's shard ran the forward pass")
+}
+
+func (noExchange) AllGather(int, []float32, []float32, int) {
+	panic("cluster: the coordinator's shard ran the forward pass")
+}

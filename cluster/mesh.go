@@ -1,0 +1,240 @@
+// Package cluster runs one model across worker processes: tensor
+// parallelism over TCP. A worker (`pagoda worker`) loads its rank's shard
+// of the weights and owns its shard of the KV storage; the coordinator (the
+// engine inside `pagoda serve` or `run`) keeps the scheduler, the KV
+// manager and the sampler, and sends every step to all workers through the
+// executor wire. The ranks exchange partial sums among themselves over a
+// full mesh of TCP connections (Mesh), not through the coordinator.
+package cluster
+
+import (
+	"bufio"
+	"encoding/binary"
+	"fmt"
+	"io"
+	"math"
+	"net"
+	"sync"
+	"time"
+)
+
+// Mesh is one rank's view of a tensor-parallel group over TCP: a
+// connection to every other rank. It is the model's Collective. Every rank
+// sums the ranks' buffers in rank order, so all ranks hold the same bits
+// after an all-reduce, as with the in-process group.
+//
+// A collective cannot fail in the model's interface (the forward pass has
+// no error path between layers), so the first failure is kept: later
+// operations do nothing, and the worker reports Err after the step.
+type Mesh struct {
+	rank, ranks int
+	peers       []*peer // by rank; nil at this rank
+	timeout     time.Duration
+	seq         uint32 // operations so far: both ends must agree
+
+	mu  sync.Mutex
+	err error
+
+	bufs [][]float32 // received, by rank
+	sum  []float32
+}
+
+type peer struct {
+	c   net.Conn
+	r   *bufio.Reader
+	w   *bufio.Writer
+	out []byte
+	in  []byte
+}
+
+// opTimeout bounds one exchange: a rank that stops answering (killed,
+// stopped, a dead link) fails the step instead of hanging the group.
+const opTimeout = 2 * time.Minute
+
+// NewMesh is rank's mesh over conns, the connections to each other rank
+// (conns[rank] is nil).
+func NewMesh(rank int, conns []net.Conn) *Mesh {
+	m := &Mesh{rank: rank, ranks: len(conns), peers: make([]*peer, len(conns)), timeout: opTimeout, bufs: make([][]float32, len(conns))}
+	for r, c := range conns {
+		if r != rank && c != nil {
+			m.peers[r] = &peer{c: c, r: bufio.NewReaderSize(c, 1<<16), w: bufio.NewWriterSize(c, 1<<16)}
+		}
+	}
+	return m
+}
+
+// Err is the first failure of an exchange, if any.
+func (m *Mesh) Err() error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.err
+}
+
+func (m *Mesh) fail(err error) {
+	m.mu.Lock()
+	if m.err == nil {
+		m.err = err
+	}
+	m.mu.Unlock()
+	// Closing makes the other ranks' reads fail at once instead of at
+	// their timeout.
+	m.Close()
+}
+
+// Close closes the connections to the other ranks.
+func (m *Mesh) Close() {
+	for _, p := range m.peers {
+		if p != nil {
+			p.c.Close()
+		}
+	}
+}
+
+// AllReduce sums x over the ranks in place.
+func (m *Mesh) AllReduce(_ int, x []float32) {
+	if !m.exchange('R', x) {
+		return
+	}
+	m.sum = grow(m.sum, len(x))
+	clear(m.sum)
+	for r := 0; r < m.ranks; r++ {
+		b := x
+		if r != m.rank {
+			b = m.bufs[r]
+		}
+		for i, v := range b {
+			m.sum[i] += v
+		}
+	}
+	copy(x, m.sum)
+}
+
+// AllGather concatenates the ranks' columns of part, row by row, into
+// full, in rank order.
+func (m *Mesh) AllGather(_ int, part, full []float32, rows int) {
+	if !m.exchange('G', part) || rows == 0 {
+		return
+	}
+	width := 0
+	for r := 0; r < m.ranks; r++ {
+		width += m.part(r, part) / rows
+	}
+	off := 0
+	for r := 0; r < m.ranks; r++ {
+		b := part
+		if r != m.rank {
+			b = m.bufs[r]
+		}
+		w := len(b) / rows
+		for i := 0; i < rows; i++ {
+			copy(full[i*width+off:i*width+off+w], b[i*w:(i+1)*w])
+		}
+		off += w
+	}
+}
+
+func (m *Mesh) part(r int, own []float32) int {
+	if r == m.rank {
+		return len(own)
+	}
+	return len(m.bufs[r])
+}
+
+// exchange sends x to every other rank and receives theirs into m.bufs.
+// Each message is a header (operation, sequence number, length) and the
+// floats' bits; a header that disagrees means the ranks ran different
+// programs, which fails the group rather than mixing wrong numbers.
+func (m *Mesh) exchange(op byte, x []float32) bool {
+	if m.Err() != nil {
+		return false
+	}
+	m.seq++
+	seq := m.seq
+	var wg sync.WaitGroup
+	errs := make([]error, m.ranks)
+	deadline := time.Now().Add(m.timeout)
+	for r, p := range m.peers {
+		if p == nil {
+			continue
+		}
+		p.c.SetDeadline(deadline)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[r] = p.send(op, seq, x)
+		}()
+	}
+	for r, p := range m.peers {
+		if p == nil {
+			continue
+		}
+		var err error
+		if m.bufs[r], err = p.recv(op, seq, m.bufs[r]); err != nil {
+			m.fail(fmt.Errorf("tensor parallel: rank %d: exchange with rank %d: %w", m.rank, r, err))
+			wg.Wait()
+			return false
+		}
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			m.fail(fmt.Errorf("tensor parallel: rank %d: send to rank %d: %w", m.rank, r, err))
+			return false
+		}
+	}
+	return true
+}
+
+func (p *peer) send(op byte, seq uint32, x []float32) error {
+	p.out = p.out[:0]
+	p.out = append(p.out, op)
+	p.out = binary.LittleEndian.AppendUint32(p.out, seq)
+	p.out = binary.LittleEndian.AppendUint32(p.out, uint32(len(x)))
+	for _, v := range x {
+		p.out = binary.LittleEndian.AppendUint32(p.out, math.Float32bits(v))
+	}
+	if _, err := p.w.Write(p.out); err != nil {
+		return err
+	}
+	return p.w.Flush()
+}
+
+// maxFloats bounds what a peer can make this rank allocate (1 GiB).
+const maxFloats = 1 << 28
+
+func (p *peer) recv(op byte, seq uint32, dst []float32) ([]float32, error) {
+	var h [9]byte
+	if _, err := io.ReadFull(p.r, h[:]); err != nil {
+		return dst, err
+	}
+	gotSeq, n := binary.LittleEndian.Uint32(h[1:]), binary.LittleEndian.Uint32(h[5:])
+	if h[0] != op || gotSeq != seq {
+		return dst, fmt.Errorf("out of step: got operation %q #%d, expected %q #%d", h[0], gotSeq, op, seq)
+	}
+	if n > maxFloats {
+		return dst, fmt.Errorf("message of %d floats", n)
+	}
+	p.in = growBytes(p.in, 4*int(n))
+	if _, err := io.ReadFull(p.r, p.in); err != nil {
+		return dst, err
+	}
+	dst = grow(dst, int(n))
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(p.in[4*i:]))
+	}
+	return dst, nil
+}
+
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+func growBytes(s []byte, n int) []byte {
+	if cap(s) < n {
+		return make([]byte, n)
+	}
+	return s[:n]
+}

@@ -1,0 +1,165 @@
+package cluster
+
+import (
+	"bufio"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+
+	"pagoda/kvcache"
+	"pagoda/model"
+)
+
+// The first frame on every connection to a worker is a hello (a
+// little-endian uint32 length, then JSON): the coordinator's, which makes
+// the worker a rank of a group, or another rank's, which joins the mesh.
+// After the coordinator's hello and the worker's reply, the connection
+// carries executor steps (package executor's wire).
+
+// hello is the first message on a connection.
+type hello struct {
+	Kind string `json:"kind"` // "coordinator" or "peer"
+	// Session names one group's lifetime, so a rank never joins a mesh of
+	// an earlier group by a late connection.
+	Session string `json:"session"`
+	Rank    int    `json:"rank"`
+	Ranks   int    `json:"ranks,omitempty"`
+	// Peers are the workers' addresses by rank, for the mesh.
+	Peers   []string `json:"peers,omitempty"`
+	Threads int      `json:"threads,omitempty"`
+	Context int      `json:"context,omitempty"`
+	Model   *shape   `json:"model,omitempty"`
+	KV      *kvSpec  `json:"kv,omitempty"`
+	// Logits: this rank returns the step's logits (one rank does; the
+	// others' are the same numbers and are not sent).
+	Logits bool `json:"logits,omitempty"`
+}
+
+// reply is a worker's answer to the coordinator's hello.
+type reply struct {
+	Error string `json:"error,omitempty"`
+	Model *shape `json:"model,omitempty"`
+}
+
+// shape is what must agree between the coordinator's model and a worker's
+// so that they are the same model: a worker started with another file is
+// refused by name of what differs.
+type shape struct {
+	Arch   string `json:"arch"`
+	Layers int    `json:"layers"`
+	Embd   int    `json:"embd"`
+	Vocab  int    `json:"vocab"`
+	Heads  int    `json:"heads"`
+}
+
+func shapeOf(c *model.Config) *shape {
+	return &shape{Arch: c.Arch, Layers: c.NLayer, Embd: c.NEmbd, Vocab: c.VocabSize, Heads: c.NHead}
+}
+
+func (s *shape) diff(o *shape) error {
+	if s == nil || o == nil {
+		return fmt.Errorf("no model shape to compare")
+	}
+	if *s != *o {
+		return fmt.Errorf("the worker's model (%s, %d layers, width %d, vocabulary %d, %d heads on its rank) is not the coordinator's (%s, %d layers, width %d, vocabulary %d, %d heads)",
+			o.Arch, o.Layers, o.Embd, o.Vocab, o.Heads, s.Arch, s.Layers, s.Embd, s.Vocab, s.Heads)
+	}
+	return nil
+}
+
+// kvSpec is the KV storage a worker builds: the manager's block geometry
+// and formats. The heads and layers come from the worker's own shard.
+type kvSpec struct {
+	BlockSize int    `json:"block_size"`
+	NumBlocks int    `json:"num_blocks"`
+	DType     string `json:"dtype"`
+	KFormat   string `json:"k_format,omitempty"`
+	VFormat   string `json:"v_format,omitempty"`
+	Window    int    `json:"window,omitempty"`
+}
+
+// specOf is the part of the manager's configuration the workers need. A
+// policy other than the plain one (or a sliding window) lives in the
+// manager and the storage together; the split storage does not carry one
+// yet.
+func specOf(c kvcache.Config) (*kvSpec, error) {
+	if c.Policy != nil {
+		if _, ok := c.Policy.(kvcache.WindowPolicy); !ok || c.Window == 0 {
+			return nil, fmt.Errorf("tensor parallel: the KV policy %s is not supported across workers yet", c.Policy)
+		}
+	}
+	if len(c.Groups) > 0 {
+		return nil, fmt.Errorf("tensor parallel: KV cache groups (latent or per-layer formats) are not supported across workers yet")
+	}
+	s := &kvSpec{BlockSize: c.BlockSize, NumBlocks: c.NumBlocks, DType: c.DType.String(), Window: c.Window}
+	if c.KFormat != nil {
+		s.KFormat = c.KFormat.String()
+	}
+	if c.VFormat != nil {
+		s.VFormat = c.VFormat.String()
+	}
+	return s, nil
+}
+
+// config is the worker's KV storage configuration for its shard c.
+func (s *kvSpec) config(c *model.Config) (kvcache.Config, error) {
+	if s.NumBlocks <= 0 || s.NumBlocks > 1<<26 || s.BlockSize < 0 || s.BlockSize > 1<<16 {
+		return kvcache.Config{}, fmt.Errorf("KV storage of %d blocks of %d tokens", s.NumBlocks, s.BlockSize)
+	}
+	dt, err := kvcache.ParseDType(s.DType)
+	if err != nil {
+		return kvcache.Config{}, err
+	}
+	nkv, hd, _ := c.KVShape()
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window}
+	if s.KFormat != "" {
+		if kc.KFormat, err = kvcache.ParseFormat(s.KFormat); err != nil {
+			return kvcache.Config{}, err
+		}
+	}
+	if s.VFormat != "" {
+		if kc.VFormat, err = kvcache.ParseFormat(s.VFormat); err != nil {
+			return kvcache.Config{}, err
+		}
+	}
+	return kc, nil
+}
+
+// maxHello bounds a hello frame.
+const maxHello = 1 << 20
+
+func writeMsg(w *bufio.Writer, v any) error {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return err
+	}
+	var n [4]byte
+	binary.LittleEndian.PutUint32(n[:], uint32(len(b)))
+	if _, err := w.Write(n[:]); err != nil {
+		return err
+	}
+	if _, err := w.Write(b); err != nil {
+		return err
+	}
+	return w.Flush()
+}
+
+func readMsg(r io.Reader, v any) error {
+	var n [4]byte
+	if _, err := io.ReadFull(r, n[:]); err != nil {
+		return err
+	}
+	size := binary.LittleEndian.Uint32(n[:])
+	if size > maxHello {
+		return fmt.Errorf("hello of %d bytes (at most %d): not a pagoda peer", size, maxHello)
+	}
+	b := make([]byte, size)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("hello: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,294 @@
+package cluster
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"pagoda/executor"
+	"pagoda/kvcache"
+	"pagoda/model"
+)
+
+// Worker serves one rank of a tensor-parallel group at a time: a
+// coordinator connects, says which rank of how many it is and where the
+// other ranks listen, and the worker loads its shard of the model, builds
+// its shard of the KV storage, joins the mesh and executes steps until the
+// coordinator hangs up. Then it frees all of it and waits for the next.
+type Worker struct {
+	// Model is the model file; every rank opens the same one and binds
+	// only its shard.
+	Model string
+	// Options are the load options (threads, tokenizer); rank, ranks and
+	// the group are set per session.
+	Options model.Options
+	Log     *slog.Logger
+	// JoinTimeout bounds how long a session waits for the other ranks'
+	// mesh connections (0: one minute).
+	JoinTimeout time.Duration
+
+	mu      sync.Mutex
+	slot    chan struct{}            // holds a token while a session runs
+	joining map[string]chan peerConn // by session: mesh connections from higher ranks
+}
+
+type peerConn struct {
+	rank int
+	c    net.Conn
+}
+
+// helloTimeout bounds how long a new connection may take to say who it is.
+const helloTimeout = 30 * time.Second
+
+// Serve accepts connections on ln until it fails (it is closed).
+func (w *Worker) Serve(ln net.Listener) error {
+	if w.Log == nil {
+		w.Log = slog.New(slog.DiscardHandler)
+	}
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go w.handle(c)
+	}
+}
+
+func (w *Worker) handle(c net.Conn) {
+	c.SetDeadline(time.Now().Add(helloTimeout))
+	var h hello
+	if err := readMsg(c, &h); err != nil {
+		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "err", err)
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	switch h.Kind {
+	case "peer":
+		if ch := w.joinChan(h.Session); ch != nil {
+			select {
+			case ch <- peerConn{h.Rank, c}:
+				return
+			default:
+			}
+		}
+		w.Log.Warn("dropping a mesh connection of no session here", "from", c.RemoteAddr(), "session", h.Session, "rank", h.Rank)
+		c.Close()
+	case "coordinator":
+		w.session(c, &h)
+	default:
+		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "kind", h.Kind)
+		c.Close()
+	}
+}
+
+// joinChan is the channel of session's incoming mesh connections.
+// Connections from higher ranks can arrive before this worker hears its
+// own hello, so whichever comes first makes it.
+func (w *Worker) joinChan(session string) chan peerConn {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.joining == nil {
+		w.joining = map[string]chan peerConn{}
+	}
+	ch := w.joining[session]
+	if ch == nil && session != "" {
+		ch = make(chan peerConn, 64)
+		w.joining[session] = ch
+		go func() {
+			// A session that never starts here must not keep its
+			// connections forever.
+			time.Sleep(w.joinTimeout() + helloTimeout)
+			w.mu.Lock()
+			if w.joining[session] == ch {
+				delete(w.joining, session)
+			}
+			w.mu.Unlock()
+		}()
+	}
+	return ch
+}
+
+func (w *Worker) joinTimeout() time.Duration {
+	if w.JoinTimeout > 0 {
+		return w.JoinTimeout
+	}
+	return time.Minute
+}
+
+// session runs one coordinator's group on this worker.
+func (w *Worker) session(c net.Conn, h *hello) {
+	defer c.Close()
+	bw := bufio.NewWriter(c)
+	// A coordinator that reconnects right after hanging up finds the old
+	// session still winding down: wait a little for it.
+	if !w.acquire(5 * time.Second) {
+		writeMsg(bw, reply{Error: "this worker already serves a group"})
+		return
+	}
+	defer w.release()
+	rk, err := w.join(h)
+	if err != nil {
+		w.Log.Error("joining the group failed", "rank", h.Rank, "err", err)
+		writeMsg(bw, reply{Error: err.Error()})
+		return
+	}
+	defer rk.close()
+	if err := writeMsg(bw, reply{Model: shapeOf(&rk.m.Config)}); err != nil {
+		return
+	}
+	w.Log.Info("serving", "rank", h.Rank, "ranks", h.Ranks, "kv_blocks", h.KV.NumBlocks)
+	err = executor.Serve(c, c, rk)
+	w.Log.Info("group ended", "rank", h.Rank, "err", err)
+}
+
+func (w *Worker) acquire(wait time.Duration) bool {
+	w.mu.Lock()
+	if w.slot == nil {
+		w.slot = make(chan struct{}, 1)
+	}
+	slot := w.slot
+	w.mu.Unlock()
+	select {
+	case slot <- struct{}{}:
+		return true
+	case <-time.After(wait):
+		return false
+	}
+}
+
+func (w *Worker) release() { <-w.slot }
+
+// rank is one session's state: the shard, its KV storage, the mesh.
+type rank struct {
+	m      *model.Model
+	kv     *kvcache.Storage
+	mesh   *Mesh
+	local  *executor.Local
+	logits bool
+}
+
+func (r *rank) close() {
+	r.mesh.Close()
+	r.m.Close()
+}
+
+// Execute runs the step on this rank's shard. A failure on one rank
+// breaks the mesh, so the others fail their step at once rather than
+// wait for an exchange that will not come.
+func (r *rank) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	out, err := r.local.Execute(in)
+	if merr := r.mesh.Err(); merr != nil {
+		return executor.StepOutput{}, merr
+	}
+	if err != nil {
+		r.mesh.fail(err)
+		return executor.StepOutput{}, err
+	}
+	if !r.logits {
+		return executor.StepOutput{}, nil
+	}
+	return out, nil
+}
+
+// join checks the hello, connects the mesh and loads the shard.
+func (w *Worker) join(h *hello) (*rank, error) {
+	switch {
+	case h.Ranks < 2 || h.Ranks > 256:
+		return nil, fmt.Errorf("a group of %d ranks", h.Ranks)
+	case h.Rank < 0 || h.Rank >= h.Ranks:
+		return nil, fmt.Errorf("rank %d of %d", h.Rank, h.Ranks)
+	case len(h.Peers) != h.Ranks:
+		return nil, fmt.Errorf("%d peer addresses for %d ranks", len(h.Peers), h.Ranks)
+	case h.KV == nil || h.Model == nil:
+		return nil, errors.New("hello without the model's shape or the KV storage")
+	case h.Session == "":
+		return nil, errors.New("hello without a session")
+	}
+	conns, err := w.connect(h)
+	if err != nil {
+		return nil, err
+	}
+	mesh := NewMesh(h.Rank, conns)
+	o := w.Options
+	o.Rank, o.Ranks, o.Group = h.Rank, h.Ranks, mesh
+	if h.Threads > 0 {
+		o.Threads = h.Threads
+	}
+	if h.Context > 0 {
+		o.ContextLen = h.Context
+	}
+	m, err := model.Open(w.Model, o)
+	if err != nil {
+		mesh.Close()
+		return nil, err
+	}
+	if err := h.Model.diff(shapeOf(&m.Config)); err != nil {
+		m.Close()
+		mesh.Close()
+		return nil, err
+	}
+	kc, err := h.KV.config(&m.Config)
+	if err == nil {
+		kc.Ops = m.Ops()
+	}
+	var kv *kvcache.Storage
+	if err == nil {
+		kv, err = kvcache.NewStorage(kc)
+	}
+	if err != nil {
+		m.Close()
+		mesh.Close()
+		return nil, fmt.Errorf("KV storage: %w", err)
+	}
+	return &rank{m: m, kv: kv, mesh: mesh, local: executor.NewLocal(m, kv), logits: h.Logits}, nil
+}
+
+// connect makes the mesh: this rank dials every lower rank and takes the
+// connections of every higher one.
+func (w *Worker) connect(h *hello) ([]net.Conn, error) {
+	conns := make([]net.Conn, h.Ranks)
+	fail := func(err error) ([]net.Conn, error) {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, err
+	}
+	deadline := time.Now().Add(w.joinTimeout())
+	for r := 0; r < h.Rank; r++ {
+		c, err := net.DialTimeout("tcp", h.Peers[r], time.Until(deadline))
+		if err != nil {
+			return fail(fmt.Errorf("mesh: rank %d at %s: %w", r, h.Peers[r], err))
+		}
+		conns[r] = c
+		if err := writeMsg(bufio.NewWriter(c), hello{Kind: "peer", Session: h.Session, Rank: h.Rank}); err != nil {
+			return fail(fmt.Errorf("mesh: rank %d at %s: %w", r, h.Peers[r], err))
+		}
+	}
+	ch := w.joinChan(h.Session)
+	defer func() {
+		w.mu.Lock()
+		delete(w.joining, h.Session)
+		w.mu.Unlock()
+	}()
+	for need := h.Ranks - 1 - h.Rank; need > 0; {
+		select {
+		case p := <-ch:
+			if p.rank <= h.Rank || p.rank >= h.Ranks || conns[p.rank] != nil {
+				p.c.Close()
+				return fail(fmt.Errorf("mesh: unexpected connection from rank %d", p.rank))
+			}
+			conns[p.rank] = p.c
+			need--
+		case <-time.After(time.Until(deadline)):
+			return fail(fmt.Errorf("mesh: %d higher ranks did not connect within %v", need, w.joinTimeout()))
+		}
+	}
+	return conns, nil
+}

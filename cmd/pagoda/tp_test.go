@@ -1,0 +1,134 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"pagoda/cluster"
+	"pagoda/testutil"
+)
+
+// startProc starts the pagoda binary with args and returns the first
+// submatch of re in its standard output or error, stopping it (SIGTERM,
+// then SIGKILL) at the end of the test.
+func startProc(t *testing.T, re *regexp.Regexp, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
+	cmd.Env = append(cmd.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "HOME="+t.TempDir())
+	pr, pw := io.Pipe()
+	cmd.Stdout, cmd.Stderr = pw, pw
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	var log bytes.Buffer
+	found := make(chan string, 1)
+	go func() {
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			log.WriteString(sc.Text() + "\n")
+			if m := re.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case found <- m[1]:
+				default:
+				}
+			}
+		}
+	}()
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			cmd.Process.Kill()
+			<-done
+		}
+		pw.Close()
+	})
+	select {
+	case s := <-found:
+		return s
+	case <-time.After(60 * time.Second):
+		t.Fatalf("pagoda %v did not start:\n%s", args, log.String())
+	}
+	return ""
+}
+
+var servingRe = regexp.MustCompile(`serving .* on http://(\S+) `)
+
+func complete(t *testing.T, addr, prompt string, n int) string {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": n, "temperature": 0})
+	resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out struct {
+		Choices []struct {
+			Text string `json:"text"`
+		} `json:"choices"`
+	}
+	b, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 || json.Unmarshal(b, &out) != nil || len(out.Choices) != 1 {
+		t.Fatalf("completion: %d %s", resp.StatusCode, b)
+	}
+	return out.Choices[0].Text
+}
+
+// TestServeTensorParallel: `serve --tensor-parallel 2` (workers it starts
+// itself) and `serve --workers` (workers started by hand, as a cluster
+// manager would) answer greedy completions as the single-process server
+// does, on the golden GQA llama.
+func TestServeTensorParallel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts five processes")
+	}
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-gqa.F32.gguf")
+	common := []string{"serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2"}
+	single := startProc(t, servingRe, common...)
+	spawned := startProc(t, servingRe, append(common, "--tensor-parallel", "2")...)
+	listen := regexp.MustCompile(regexp.QuoteMeta(cluster.ListenLine) + `(\S+)`)
+	w0 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
+	w1 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
+	byHand := startProc(t, servingRe, append(common, "--workers", w0+","+w1)...)
+	for _, p := range []string{"Once upon a time", "The dog"} {
+		want := complete(t, single, p, 20)
+		for name, addr := range map[string]string{"--tensor-parallel 2": spawned, "--workers": byHand} {
+			if got := complete(t, addr, p, 20); got != want {
+				t.Errorf("%s: %q continues as %q, want %q", name, p, got, want)
+			}
+		}
+	}
+}
+
+// TestServeTensorParallelRefusals: what cannot split is refused before
+// serving, naming the reason.
+func TestServeTensorParallelRefusals(t *testing.T) {
+	mqa := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"serve", "-m", mqa, "--tensor-parallel", "2", "--port", "0"}, "KV heads"},
+		{[]string{"serve", "--workers", "127.0.0.1:1", "--port", "0"}, "one worker is no group"},
+		{[]string{"serve", "--tensor-parallel", "0", "--port", "0"}, "--tensor-parallel 0"},
+		{[]string{"serve", "--tensor-parallel", "3", "--workers", "127.0.0.1:1,127.0.0.1:2", "--port", "0"}, "but 2 --workers"},
+	} {
+		code, _, stderr := pagoda(t, c.args...)
+		if code == 0 || !strings.Contains(stderr, c.want) {
+			t.Errorf("pagoda %v: exit %d, stderr %q (want %q)", c.args, code, stderr, c.want)
+		}
+	}
+}
