@@ -103,7 +103,7 @@ func generate(t *testing.T, eng *engine.Engine, prompt []int32, n int) generated
 // token may differ only where the top two were tied to that rounding).
 func TestTensorParallelEngine(t *testing.T) {
 	dir := testutil.Shared(t, "golden/models")
-	for _, file := range []string{"g-llama-gqa.F32.gguf", "g-llama-gqa.Q8_0.gguf"} {
+	for _, file := range []string{"g-llama-gqa.F32.gguf", "g-llama-gqa.Q8_0.gguf", "g-qwen3.F32.gguf"} {
 		t.Run(file, func(t *testing.T) {
 			path := filepath.Join(dir, file)
 			whole, err := model.Open(path, model.Options{Threads: 1})

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"pagoda/arch"
 	"sync"
 	"sync/atomic"
 
@@ -274,6 +275,33 @@ func (m *Model) begin(b *Batch, kv KVCache) error {
 	return nil
 }
 
+// embed looks up the tokens' embedding rows into x. A rank that holds a
+// vocabulary range of the table looks up its tokens, zeroes the others'
+// rows and sums with the other ranks: every token's row comes from exactly
+// one rank, so the sum is that row, bit for bit.
+func (m *Model) embed(tokens []int32, x []float32) error {
+	d := m.Config.NEmbd
+	e, sh := m.W.Embd, m.W.embd
+	split := sh.Ranks > 1 && sh.Axis == arch.Vocab
+	for i, t := range tokens {
+		row := x[i*d : (i+1)*d]
+		if split {
+			if int(t) < sh.Lo || int(t) >= sh.Hi {
+				clear(row)
+				continue
+			}
+			t -= int32(sh.Lo)
+		}
+		if err := quant.Dequantize(e.Type, e.Row(int(t)), row); err != nil {
+			return fmt.Errorf("model: embedding: %v", err)
+		}
+	}
+	if split {
+		m.be.AllReduce(x)
+	}
+	return nil
+}
+
 // trunk runs the embedding and every layer over the batch, leaving the
 // last layer's residual stream in m.buf.x; m.mu must be held.
 func (m *Model) trunk(b *Batch, kv KVCache) error {
@@ -292,10 +320,8 @@ func (m *Model) trunk(b *Batch, kv KVCache) error {
 	s.gate = grow(s.gate, T*c.FFN)
 	s.up = grow(s.up, T*c.FFN)
 
-	for i, t := range b.Tokens {
-		if err := quant.Dequantize(m.W.Embd.Type, m.W.Embd.Row(int(t)), s.x[i*d:(i+1)*d]); err != nil {
-			return fmt.Errorf("model: embedding: %v", err)
-		}
+	if err := m.embed(b.Tokens, s.x[:T*d]); err != nil {
+		return err
 	}
 	s.pieces = attnPieces(b, c.SlidingWindow)
 	for li := range m.W.Layers {

@@ -39,19 +39,15 @@ func checkTP(c *Config, tp tpRank) error {
 }
 
 // shardSlot replaces a whole bound tensor with rank's shard of it, by the
-// split its declaration names. The token embedding stays whole (every
-// rank looks up its rows; a vocab-split embedding needs a masked look-up
-// and a reduce, not done yet), and so does a tied output head. A row
+// split its declaration names. The token embedding splits by vocabulary
+// like the output head (a tied head is the same shard): a rank looks up
+// the tokens in its range and the ranks' rows are summed. A row
 // split copies its columns, after which the whole tensor's file pages are
 // given back (a source that maps its file).
 func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
 	switch t.Split {
 	case arch.Replicated:
 		return nil
-	case arch.Vocab:
-		if t.Role == arch.TokenEmbd {
-			return nil
-		}
 	case arch.Expert:
 		return fmt.Errorf("tensor %q: expert split not implemented", t.Name)
 	}
@@ -108,11 +104,8 @@ func (w *Weights) linears(c *Config, tp tpRank) {
 			}
 		}
 	}
-	out := sh(arch.Vocab, c.VocabSize)
-	if w.Output == w.Embd {
-		out = sh(arch.Replicated, c.VocabSize)
-	}
-	w.out = Linear{W: w.Output, Shard: out}
+	w.out = Linear{W: w.Output, Shard: sh(arch.Vocab, c.VocabSize)}
+	w.embd = sh(arch.Vocab, c.VocabSize)
 }
 
 // localize turns the full model's config into what one rank computes: its

@@ -103,6 +103,10 @@ type Weights struct {
 	Output     *kernels.Matrix
 	// out is the output head as a Linear (vocab-split across ranks).
 	out Linear
+	// embd is which token rows Embd holds: all of them, or a rank's
+	// vocabulary range, whose look-ups the ranks sum (each row lives on
+	// exactly one rank).
+	embd Shard
 }
 
 // slot is the field one declared tensor binds to: a vector, a matrix, or a
