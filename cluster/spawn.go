@@ -30,7 +30,7 @@ type Spawned struct {
 func Spawn(bin, model string, n, threads int, logw io.Writer) (*Spawned, error) {
 	s := &Spawned{}
 	for i := 0; i < n; i++ {
-		c := exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "-m", model, "--threads", strconv.Itoa(threads))
+		c := exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "-m", model, "--threads", strconv.Itoa(threads), "--quiet")
 		c.Stderr = logw
 		// Its own process group, so a signal to the coordinator's
 		// terminal does not reach the workers before the coordinator has

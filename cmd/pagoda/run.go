@@ -84,6 +84,7 @@ func runRun(args []string) error {
 	reference := fs.Bool("reference", false, "use the plain Go reference kernels")
 	kvPolicy := fs.String("kv-policy", "", kvPolicyHelp)
 	kvf := addKVFlags(fs)
+	tpf := addTPFlags(fs)
 	var stops stringList
 	fs.Var(&stops, "stop", "stop string (repeatable)")
 	var sf samplingFlags
@@ -100,7 +101,15 @@ func runRun(args []string) error {
 	if err != nil {
 		return err
 	}
-	m, err := openModel(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
+	grp, err := tpf.start(path, *threads, os.Stderr)
+	if err != nil {
+		return err
+	}
+	defer grp.close()
+	if grp != nil && (*reference || *kvPolicy != "" || *kvf.all+*kvf.k+*kvf.v != "" || spf.method != "" || spf.draft != "") {
+		return fmt.Errorf("--tensor-parallel/--workers run the default KV cache without --reference, --kv-policy, --kv-dtype or speculation")
+	}
+	m, err := grp.openModel(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
 	if err != nil {
 		return err
 	}
@@ -114,6 +123,14 @@ func runRun(args []string) error {
 		return err
 	}
 	gen := directGen(m, tok)
+	if grp != nil {
+		eng, err := grp.engine(m, tok, *ctxLen)
+		if err != nil {
+			return err
+		}
+		defer eng.Stop(context.Background())
+		gen = engineGen(eng)
+	}
 	sc, closeDraft, err := spf.build(m, *threads)
 	if err != nil {
 		return err

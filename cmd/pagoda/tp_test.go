@@ -132,3 +132,22 @@ func TestServeTensorParallelRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestRunTensorParallel: `run --tensor-parallel 2` prints what the
+// single-process run prints, greedy.
+func TestRunTensorParallel(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-gqa.F32.gguf")
+	args := []string{"run", "-m", path, "-p", "Once upon a time", "-n", "24", "--temp", "0"}
+	code, want, stderr := pagoda(t, args...)
+	if code != 0 {
+		t.Fatalf("run: exit %d: %s", code, stderr)
+	}
+	code, got, stderr := pagoda(t, append(args, "--tensor-parallel", "2")...)
+	if code != 0 || got != want {
+		t.Fatalf("run --tensor-parallel 2: exit %d, printed %q, want %q\n%s", code, got, want, stderr)
+	}
+	code, _, stderr = pagoda(t, append(args, "--tensor-parallel", "2", "--kv-dtype", "q8_0")...)
+	if code == 0 || !strings.Contains(stderr, "--tensor-parallel/--workers run the default KV cache") {
+		t.Errorf("run --tensor-parallel with --kv-dtype: exit %d, %s", code, stderr)
+	}
+}

@@ -15,6 +15,7 @@ import (
 	"pagoda/executor"
 	"pagoda/kvcache"
 	"pagoda/model"
+	"pagoda/tokenizer"
 )
 
 func init() {
@@ -175,4 +176,18 @@ func (t *tp) close() {
 		t.group.Close()
 	}
 	t.spawned.Stop()
+}
+
+// engine is a one-sequence engine whose steps run on the group, for run.
+func (t *tp) engine(m *model.Model, tok tokenizer.Tokenizer, ctx int) (*engine.Engine, error) {
+	cfg := engine.ModelConfig(m, "run")
+	cfg.MaxNumSeqs = 1
+	cfg.KVRope = nil
+	cfg.Executor = t.executor(m, ctx)
+	eng, err := engine.New(nil, tok, cfg)
+	if err != nil {
+		return nil, err
+	}
+	eng.Start()
+	return eng, nil
 }
