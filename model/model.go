@@ -55,10 +55,11 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	tp := tpRank{o.Rank, max(o.Ranks, 1)}
+	tp := tpRank{rank: o.Rank, ranks: max(o.Ranks, 1)}
 	if err := checkTP(c, tp); err != nil {
 		return nil, err
 	}
+	tp = tp.withKV(c)
 	if tp.ranks > 1 && o.Group == nil {
 		return nil, fmt.Errorf("tensor parallel: rank %d of %d needs a Group to reduce with", tp.rank, tp.ranks)
 	}

@@ -8,7 +8,29 @@ import (
 
 // tpRank is which rank of how many tensor-parallel ranks a model is; the
 // zero value (or ranks 1) is the whole model on one process.
-type tpRank struct{ rank, ranks int }
+type tpRank struct {
+	rank, ranks int
+	// kv, when set, is the K/V rows this rank holds where the model has
+	// fewer KV heads than ranks: the one KV head its query heads share,
+	// replicated on every rank that needs it (as vLLM does).
+	kv *Shard
+}
+
+// withKV is tp with its K/V rows set for c: when c has fewer KV heads
+// than ranks, rank r's query heads all read KV head r/(ranks/NKVHead).
+func (tp tpRank) withKV(c *Config) tpRank {
+	if tp.ranks <= 1 || c.NKVHead >= tp.ranks || c.NKVHead <= 0 {
+		return tp
+	}
+	h := tp.rank / (tp.ranks / c.NKVHead)
+	tp.kv = &Shard{Axis: arch.Column, Rank: tp.rank, Ranks: tp.ranks, Lo: h * c.HeadDim, Hi: (h + 1) * c.HeadDim, Full: c.NKVHead * c.HeadDim}
+	return tp
+}
+
+// kvRole is whether a tensor is a K or V projection or bias.
+func kvRole(r arch.Role) bool {
+	return r == arch.AttnK || r == arch.AttnV || r == arch.AttnKBias || r == arch.AttnVBias
+}
 
 // checkTP refuses the shapes the split cannot serve yet, with the reason,
 // before anything is read.
@@ -28,9 +50,9 @@ func checkTP(c *Config, tp tpRank) error {
 		return fmt.Errorf("tensor parallel: %s's q/k norm spans all heads, which would need a reduce inside attention", c.Arch)
 	case c.NHead%r != 0:
 		return fmt.Errorf("tensor parallel: %d query heads do not split whole across %d ranks", c.NHead, r)
-	case c.NKVHead < r:
-		return fmt.Errorf("tensor parallel: %d KV heads across %d ranks would need KV heads replicated, which is not implemented", c.NKVHead, r)
-	case c.NKVHead%r != 0:
+	case c.NKVHead < r && r%c.NKVHead != 0:
+		return fmt.Errorf("tensor parallel: %d KV heads cannot be replicated evenly across %d ranks (the ranks must be a multiple of the KV heads)", c.NKVHead, r)
+	case c.NKVHead >= r && c.NKVHead%r != 0:
 		return fmt.Errorf("tensor parallel: %d KV heads do not split whole across %d ranks", c.NKVHead, r)
 	case c.FFN < r:
 		return fmt.Errorf("tensor parallel: feed-forward width %d is narrower than %d ranks", c.FFN, r)
@@ -57,6 +79,9 @@ func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
 			return fmt.Errorf("tensor %q: a vector cannot take a %v split", t.Name, t.Split)
 		}
 		sh := shardOf(t.Split, len(*s.vec), tp.rank, tp.ranks)
+		if tp.kv != nil && kvRole(t.Role) {
+			sh = *tp.kv
+		}
 		*s.vec = (*s.vec)[sh.Lo:sh.Hi:sh.Hi]
 	case s.mat != nil && *s.mat != nil:
 		m := *s.mat
@@ -64,7 +89,11 @@ func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
 		if t.Split == arch.Row {
 			full = m.Cols
 		}
-		sm, err := shardMatrix(t.Name, m, shardOf(t.Split, full, tp.rank, tp.ranks))
+		sh := shardOf(t.Split, full, tp.rank, tp.ranks)
+		if tp.kv != nil && kvRole(t.Role) {
+			sh = *tp.kv
+		}
+		sm, err := shardMatrix(t.Name, m, sh)
 		if err != nil {
 			return err
 		}
@@ -88,8 +117,12 @@ func (w *Weights) linears(c *Config, tp tpRank) {
 		l := &w.Layers[i]
 		if l.Q != nil && l.K != nil && l.V != nil {
 			l.q = Linear{W: l.Q, Bias: l.QBias, Shard: sh(arch.Column, qd)}
-			l.k = Linear{W: l.K, Bias: l.KBias, Shard: sh(arch.Column, kvd)}
-			l.v = Linear{W: l.V, Bias: l.VBias, Shard: sh(arch.Column, kvd)}
+			kvs := sh(arch.Column, kvd)
+			if tp.kv != nil {
+				kvs = *tp.kv
+			}
+			l.k = Linear{W: l.K, Bias: l.KBias, Shard: kvs}
+			l.v = Linear{W: l.V, Bias: l.VBias, Shard: kvs}
 			l.qkv = []*Linear{&l.q, &l.k, &l.v}
 		}
 		if l.O != nil {
@@ -116,7 +149,7 @@ func (c *Config) localize(tp tpRank) {
 		return
 	}
 	c.NHead /= tp.ranks
-	c.NKVHead /= tp.ranks
+	c.NKVHead = max(1, c.NKVHead/tp.ranks)
 	ffn := shardOf(arch.Column, c.FFN, tp.rank, tp.ranks)
 	c.FFN = ffn.Hi - ffn.Lo
 }

@@ -2,6 +2,7 @@ package model
 
 import (
 	"bytes"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -123,7 +124,6 @@ func TestTensorParallelRefusals(t *testing.T) {
 		want  string
 	}{
 		{"g-llama-gqa.Q4_K.gguf", 2, `"blk.0.attn_output.weight": Q4_K blocks hold 256`}, // 256 columns over 2 ranks
-		{"g-llama-mqa.Q8_0.gguf", 2, "KV heads"},                                         // one KV head
 		{"g-llama-gqa.F32.gguf", 3, "query heads"},                                       // 8 heads over 3
 		{"g-deepseek2.Q8_0.gguf", 2, "do not split yet"},                                 // MoE and MLA
 		{"g-llama-gqa.F32.gguf", 2, "needs a Group"},                                     // no collective
@@ -140,6 +140,74 @@ func TestTensorParallelRefusals(t *testing.T) {
 		}
 		if !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%s over %d ranks: %v, want it to mention %q", tc.file, tc.ranks, err, tc.want)
+		}
+	}
+}
+
+// TestTensorParallelReplicatedKV: with fewer KV heads than ranks, each
+// rank holds the one KV head its query heads read (replicated across the
+// ranks that share it): MQA (4 query heads, 1 KV head) over 2 ranks and
+// GQA 8:2 over 4 give the whole model's logits.
+func TestTensorParallelReplicatedKV(t *testing.T) {
+	dir := testutil.Shared(t, "golden/models")
+	for _, tc := range []struct {
+		file  string
+		ranks int
+	}{{"g-llama-mqa.F16.gguf", 2}, {"g-llama-mqa.Q8_0.gguf", 2}, {"g-llama-gqa.F32.gguf", 4}} {
+		path := filepath.Join(dir, tc.file)
+		whole, err := Open(path, Options{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := runSteps(t, whole)
+		wc := whole.Config
+		g := NewLocalGroup(tc.ranks)
+		ms := make([]*Model, tc.ranks)
+		for r := range ms {
+			if ms[r], err = Open(path, Options{Threads: 1, Rank: r, Ranks: tc.ranks, Group: g}); err != nil {
+				t.Fatal(err)
+			}
+			c := ms[r].Config
+			if c.NKVHead != 1 || c.NHead != wc.NHead/tc.ranks {
+				t.Fatalf("%s rank %d: %d heads, %d KV heads", tc.file, r, c.NHead, c.NKVHead)
+			}
+			// The rank's K rows are its KV head's rows of the whole.
+			kvh := r / (tc.ranks / wc.NKVHead)
+			wk, k := whole.W.Layers[0].K, ms[r].W.Layers[0].K
+			hb := wk.RowBytes * wc.HeadDim
+			if !bytes.Equal(k.Data, wk.Data[kvh*hb:(kvh+1)*hb]) {
+				t.Fatalf("%s rank %d: K is not KV head %d of the whole", tc.file, r, kvh)
+			}
+		}
+		got := make([][][]float32, tc.ranks)
+		var wg sync.WaitGroup
+		for r := range ms {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				got[r] = runSteps(t, ms[r])
+			}()
+		}
+		wg.Wait()
+		for _, m := range ms {
+			m.Close()
+		}
+		whole.Close()
+		for r := range got {
+			for s := range want {
+				closeTo(t, fmt.Sprintf("%s rank %d step %d", tc.file, r, s), got[r][s], want[s], 1e-4)
+			}
+		}
+	}
+	for _, c := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{NHead: 12, NKVHead: 3, FFN: 64}, "cannot be replicated evenly"}, // 3 KV heads, 4 ranks
+		{Config{NHead: 12, NKVHead: 6, FFN: 64}, "do not split whole"},          // 6 KV heads, 4 ranks
+	} {
+		if err := checkTP(&c.cfg, tpRank{rank: 0, ranks: 4}); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("%+v over 4 ranks: %v, want %q", c.cfg, err, c.want)
 		}
 	}
 }

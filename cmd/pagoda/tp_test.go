@@ -116,12 +116,12 @@ func TestServeTensorParallel(t *testing.T) {
 // TestServeTensorParallelRefusals: what cannot split is refused before
 // serving, naming the reason.
 func TestServeTensorParallelRefusals(t *testing.T) {
-	mqa := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
+	moe := filepath.Join(testutil.Shared(t, "golden/models"), "g-deepseek2.Q8_0.gguf")
 	for _, c := range []struct {
 		args []string
 		want string
 	}{
-		{[]string{"serve", "-m", mqa, "--tensor-parallel", "2", "--port", "0"}, "KV heads"},
+		{[]string{"serve", "-m", moe, "--tensor-parallel", "2", "--port", "0"}, "do not split yet"},
 		{[]string{"serve", "--workers", "127.0.0.1:1", "--port", "0"}, "one worker is no group"},
 		{[]string{"serve", "--tensor-parallel", "0", "--port", "0"}, "--tensor-parallel 0"},
 		{[]string{"serve", "--tensor-parallel", "3", "--workers", "127.0.0.1:1,127.0.0.1:2", "--port", "0"}, "but 2 --workers"},
