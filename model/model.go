@@ -55,13 +55,9 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	tp := tpRank{rank: o.Rank, ranks: max(o.Ranks, 1)}
-	if err := checkTP(c, tp); err != nil {
+	tp, err := newTPRank(c, o)
+	if err != nil {
 		return nil, err
-	}
-	tp = tp.withKV(c)
-	if tp.ranks > 1 && o.Group == nil {
-		return nil, fmt.Errorf("tensor parallel: rank %d of %d needs a Group to reduce with", tp.rank, tp.ranks)
 	}
 	w, err := bind(src, c, tp)
 	if err != nil {

@@ -16,6 +16,18 @@ type tpRank struct {
 	kv *Shard
 }
 
+// newTPRank is the rank o asks for, checked against c.
+func newTPRank(c *Config, o Options) (tpRank, error) {
+	tp := tpRank{rank: o.Rank, ranks: max(o.Ranks, 1)}
+	if err := checkTP(c, tp); err != nil {
+		return tp, err
+	}
+	if tp.ranks > 1 && o.Group == nil {
+		return tp, fmt.Errorf("tensor parallel: rank %d of %d needs a Group to reduce with", tp.rank, tp.ranks)
+	}
+	return tp.withKV(c), nil
+}
+
 // withKV is tp with its K/V rows set for c: when c has fewer KV heads
 // than ranks, rank r's query heads all read KV head r/(ranks/NKVHead).
 func (tp tpRank) withKV(c *Config) tpRank {
