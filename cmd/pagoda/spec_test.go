@@ -81,3 +81,12 @@ func TestSpecRefusals(t *testing.T) {
 		}
 	}
 }
+
+// TestMetricsAuthNeedsKey: --metrics-auth without a key to require is
+// refused at start, not a server that silently guards nothing.
+func TestMetricsAuthNeedsKey(t *testing.T) {
+	code, _, errOut := pagodaEnv(t, []string{"PAGODA_API_KEY="}, "serve", "--metrics-auth", "--port", "0")
+	if code != 1 || !strings.Contains(errOut, "--metrics-auth needs --api-key") {
+		t.Errorf("exit %d, %q", code, errOut)
+	}
+}
