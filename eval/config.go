@@ -328,8 +328,9 @@ func names() []string {
 // comma piece whose text before its first '+' is key=value (an '=' and no
 // ':') continues the settings of the item before it; any other piece
 // starts a new configuration. "f16,streaming:sinks=4,window=256" is two
-// configurations; "streaming:sinks=4,window=2+snapkv:capacity=40" is one
-// of two items. Spaces around pieces are ignored. An empty piece, or a
+// configurations; "streaming:sinks=4,window=60+kivi4:r=32" is one of two
+// items (and "streaming:sinks=4,window=2+snapkv:capacity=40" one that
+// Parse refuses: two policies). Spaces around pieces are ignored. An empty piece, or a
 // setting after an item that has none, is an error.
 func SplitList(s string) ([]string, error) {
 	var out []string

@@ -28,7 +28,7 @@ func init() {
 // kvListHelp is --kv's help: the list grammar of eval.SplitList.
 const kvListHelp = `KV configurations to evaluate, a comma list; repeatable. A configuration is items joined by '+', an item a name with optional ':key=value,...' settings: ` +
 	`f16,q8_0,kivi4:r=32,kv:k=q4_0,v=q8_0,q8_0+streaming:sinks=4,window=256. A comma piece that is key=value (before any '+') continues the settings of the item before it, ` +
-	`any other piece starts a new configuration, so "streaming:sinks=4,window=2+snapkv:capacity=40" is one configuration. Each configuration sets each thing (format, policy, block size) at most once, ` +
+	`any other piece starts a new configuration, so "streaming:sinks=4,window=60+kivi4:r=32,f16" is two configurations, the first of two items. Each configuration sets each thing (format, policy, block size) at most once, ` +
 	`and may be given once (default: f16,q8_0,q4_0,kivi4,kivi2, less the formats the model's head width cannot store)`
 
 // listFlag collects the raw values of a repeatable list flag, each
