@@ -290,7 +290,7 @@ func openHF(dir string) (*source, error) {
 	if err != nil {
 		return nil, err
 	}
-	arch := hc.Arch
+	archName := hc.Arch
 	if hc.NumLayers <= 0 || hc.HiddenSize <= 0 || hc.NumHeads <= 0 || hc.IntermediateSize <= 0 {
 		return nil, fmt.Errorf("config.json: num_hidden_layers, hidden_size, num_attention_heads and intermediate_size must be positive")
 	}
@@ -313,12 +313,12 @@ func openHF(dir string) (*source, error) {
 	if t, ok := set.Tensor("model.embed_tokens.weight"); ok && len(t.Shape) == 2 {
 		vocab = int(t.Shape[0])
 	}
-	a := arch + "."
+	a := archName + "."
 	meta := []struct {
 		k string
 		v any
 	}{
-		{"general.architecture", arch},
+		{"general.architecture", archName},
 		{"general.name", baseName(dir)},
 		{a + "vocab_size", uint32(vocab)},
 		{a + "context_length", uint32(ctx)},
@@ -388,6 +388,11 @@ func openHF(dir string) (*source, error) {
 			return fail(fmt.Errorf("tensor %q: %w", stored, err))
 		}
 		s.tensors = append(s.tensors, st)
+	}
+	d := arch.Dims{Embd: hc.HiddenSize, Heads: hc.NumHeads, KVHeads: kvHeads, HeadDim: headDim, FFN: hc.IntermediateSize,
+		Vocab: vocab, Bias: hc.AttentionBias, Tied: tied}
+	if err := checkHFShapes(hc, d, s.tensors); err != nil {
+		return fail(err)
 	}
 	if ropeFreqs != nil {
 		data := f32Bytes(ropeFreqs)

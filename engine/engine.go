@@ -450,6 +450,15 @@ func (e *Engine) poke() {
 	}
 }
 
+// checkRequestPolicy refuses a request's own KV policy that the cache
+// cannot run or whose token counts exceed the context.
+func checkRequestPolicy(kv *kvcache.Cache, p kvcache.Policy, ctx int) error {
+	if err := kv.CheckPolicy(p); err != nil {
+		return err
+	}
+	return kvcache.CheckContext(p, ctx)
+}
+
 // validate checks r against the model and fills in defaults.
 func (e *Engine) validate(r *Request) (*request, error) {
 	c := e.cfg
@@ -480,7 +489,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	}
 	q.kvPolicy, q.maxLen = r.KVPolicy, e.maxLen
 	if r.KVPolicy != nil {
-		if err := e.kv.CheckPolicy(r.KVPolicy); err != nil {
+		if err := checkRequestPolicy(e.kv, r.KVPolicy, c.ContextLen); err != nil {
 			return nil, fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
 		}
 		// Past the context only where the engine's policy goes there

@@ -28,6 +28,11 @@ type SpecConfig struct {
 // DefaultSpecTokens is SpecConfig.Tokens when 0.
 const DefaultSpecTokens = 4
 
+// MaxSpecTokens bounds the draft tokens one step verifies (--spec-tokens,
+// a request's spec_tokens): past a few dozen the chance that all are
+// accepted is nil and the verify pass only grows.
+const MaxSpecTokens = 64
+
 // probSampler is a sampler that reports the distribution it draws from,
 // which verifying drafts needs; *sample.Sampler is one.
 type probSampler interface {

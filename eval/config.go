@@ -166,46 +166,144 @@ type Config struct {
 }
 
 // Parse reads one configuration: items joined by '+', each an item name
-// with optional ":key=value,..." options.
+// with optional ":key=value,..." settings (see SplitList for the grammar).
+// Two items of one configuration may not set the same thing (two formats,
+// two policies, two block sizes): which one applied would be a guess.
 func Parse(s string) (Config, error) {
 	c := Config{Name: s}
 	if strings.TrimSpace(s) == "" {
 		return c, fmt.Errorf("eval: empty KV configuration")
 	}
+	setBy := map[string]string{} // what an item set -> the item
 	for _, item := range strings.Split(s, "+") {
-		name, opts, _ := strings.Cut(item, ":")
-		name = strings.ToLower(strings.TrimSpace(name))
-		regMu.Lock()
-		e, ok := registry[name]
-		regMu.Unlock()
-		if !ok {
-			f, err := kvcache.ParseFormat(item)
-			if err != nil {
-				return c, fmt.Errorf("eval: %q: not a registered item (%s) nor a KV format: %w", item, strings.Join(names(), ", "), err)
-			}
-			c.Setup.KFormat, c.Setup.VFormat = f, f
-			continue
-		}
-		p := &Params{item: item, kv: map[string]string{}, used: map[string]bool{}}
-		if opts != "" {
-			for _, kv := range strings.Split(opts, ",") {
-				k, v, ok := strings.Cut(kv, "=")
-				if !ok || k == "" {
-					return c, fmt.Errorf("eval: %q: option %q is not key=value", item, kv)
-				}
-				p.kv[strings.ToLower(strings.TrimSpace(k))] = strings.TrimSpace(v)
-			}
-		}
-		if err := e.build(&c.Setup, p); err != nil {
+		item = strings.TrimSpace(item)
+		var one Setup
+		if err := parseItem(&one, item); err != nil {
 			return c, err
 		}
-		for k := range p.kv {
-			if !p.used[k] {
-				return c, fmt.Errorf("eval: %q: unknown option %q", item, k)
+		var clash []string
+		prev := ""
+		for _, f := range setupFields(one) {
+			if p, dup := setBy[f]; dup {
+				clash, prev = append(clash, f), p
 			}
+			setBy[f] = item
 		}
+		if len(clash) > 0 {
+			what := strings.Join(clash, " and ")
+			if what == "K format and V format" {
+				what = "K and V formats"
+			}
+			return c, fmt.Errorf("eval: %q: %s sets the %s, which %s already set; one configuration takes one of each (to compare them, list them apart: %s,%s)", s, item, what, prev, prev, item)
+		}
+		merge(&c.Setup, one)
 	}
 	return c, nil
+}
+
+// parseItem applies one item to s, a fresh Setup.
+func parseItem(s *Setup, item string) error {
+	if item == "" {
+		return fmt.Errorf("eval: empty item (a '+' with nothing on one side)")
+	}
+	name, opts, hasOpts := strings.Cut(item, ":")
+	name = strings.ToLower(strings.TrimSpace(name))
+	regMu.Lock()
+	e, ok := registry[name]
+	regMu.Unlock()
+	if !ok {
+		return parseFormatItem(s, item, name, hasOpts)
+	}
+	p := &Params{item: item, kv: map[string]string{}, used: map[string]bool{}}
+	if hasOpts {
+		if strings.TrimSpace(opts) == "" {
+			return fmt.Errorf("eval: %q: a ':' with no settings after it", item)
+		}
+		for _, kv := range strings.Split(opts, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			k = strings.ToLower(strings.TrimSpace(k))
+			if !ok || k == "" {
+				return fmt.Errorf("eval: %q: setting %q is not key=value", item, kv)
+			}
+			if _, dup := p.kv[k]; dup {
+				return fmt.Errorf("eval: %q: setting %s given twice", item, k)
+			}
+			p.kv[k] = strings.TrimSpace(v)
+		}
+	}
+	if err := e.build(s, p); err != nil {
+		return err
+	}
+	for k := range p.kv {
+		if !p.used[k] {
+			return fmt.Errorf("eval: %q: unknown setting %q", item, k)
+		}
+	}
+	return nil
+}
+
+// parseFormatItem reads an item that is not registered as a KV format for
+// both K and V. A known format's own error (a bad KIVI setting) is given
+// as it is, not buried under the list of registered items.
+func parseFormatItem(s *Setup, item, name string, hasOpts bool) error {
+	f, err := kvcache.ParseFormat(item)
+	if err == nil {
+		s.KFormat, s.VFormat = f, f
+		return nil
+	}
+	if bare, berr := kvcache.ParseFormat(name); berr == nil || strings.HasPrefix(name, "kivi") {
+		if hasOpts && berr == nil && !strings.HasPrefix(name, "kivi") {
+			return fmt.Errorf("eval: %q: the %s format takes no settings", item, bare)
+		}
+		return fmt.Errorf("eval: %q: %w", item, err)
+	}
+	return fmt.Errorf("eval: %q: not a registered item (%s) nor a KV format: %w", item, strings.Join(names(), ", "), err)
+}
+
+// setupFields names what s sets, for refusing two items that set the same.
+func setupFields(s Setup) []string {
+	var f []string
+	if s.KFormat != nil {
+		f = append(f, "K format")
+	}
+	if s.VFormat != nil {
+		f = append(f, "V format")
+	}
+	if s.Policy != nil {
+		f = append(f, "KV policy")
+	}
+	if s.BlockSize != 0 {
+		f = append(f, "block size")
+	}
+	if s.Layout != nil {
+		f = append(f, "cache layout")
+	}
+	return f
+}
+
+// merge copies what one item set into s.
+func merge(s *Setup, one Setup) {
+	if one.KFormat != nil {
+		s.KFormat = one.KFormat
+	}
+	if one.VFormat != nil {
+		s.VFormat = one.VFormat
+	}
+	if one.Policy != nil {
+		s.Policy = one.Policy
+	}
+	if one.BlockSize != 0 {
+		s.BlockSize = one.BlockSize
+	}
+	if one.Layout != nil {
+		s.Layout = one.Layout
+	}
+	if one.Budget != 0 {
+		s.Budget = one.Budget
+	}
+	if one.Series != "" {
+		s.Series = one.Series
+	}
 }
 
 func names() []string {
@@ -219,21 +317,87 @@ func names() []string {
 	return out
 }
 
-// SplitList splits a comma list of configurations. A piece that is a bare
-// key=value (no ':' or '+') continues the options of the piece before it,
-// so "f16,streaming:sinks=4,window=256" is two configurations.
-func SplitList(s string) []string {
+// SplitList splits a --kv list into its configurations. The grammar:
+//
+//	list    = config { "," config }
+//	config  = item { "+" item }
+//	item    = name [ ":" setting { "," setting } ]
+//	setting = key "=" value
+//
+// A comma separates both configurations and an item's settings, so a
+// comma piece whose text before its first '+' is key=value (an '=' and no
+// ':') continues the settings of the item before it; any other piece
+// starts a new configuration. "f16,streaming:sinks=4,window=256" is two
+// configurations; "streaming:sinks=4,window=60+kivi4:r=32" is one of two
+// items (and "streaming:sinks=4,window=2+snapkv:capacity=40" one that
+// Parse refuses: two policies). Spaces around pieces are ignored. An empty piece, or a
+// setting after an item that has none, is an error.
+func SplitList(s string) ([]string, error) {
 	var out []string
 	for _, piece := range strings.Split(s, ",") {
 		piece = strings.TrimSpace(piece)
 		if piece == "" {
+			return nil, fmt.Errorf("eval: KV list %q has an empty configuration (two commas in a row, or one at an end)", s)
+		}
+		head, _, _ := strings.Cut(piece, "+")
+		if !strings.Contains(head, "=") || strings.Contains(head, ":") {
+			out = append(out, piece)
 			continue
 		}
-		if len(out) > 0 && strings.Contains(piece, "=") && !strings.ContainsAny(piece, ":+") && strings.Contains(out[len(out)-1], ":") {
-			out[len(out)-1] += "," + piece
-			continue
+		if len(out) == 0 {
+			return nil, fmt.Errorf("eval: KV list %q starts with the setting %q, which belongs after an item's name and ':'", s, head)
 		}
-		out = append(out, piece)
+		last := out[len(out)-1]
+		if i := strings.LastIndex(last, "+"); !strings.Contains(last[i+1:], ":") {
+			return nil, fmt.Errorf("eval: KV list %q: setting %q follows %q, which has no settings (write name:%s)", s, head, last[i+1:], head)
+		}
+		out[len(out)-1] += "," + piece
 	}
-	return out
+	return out, nil
+}
+
+// ParseList parses the configurations of every --kv list in lists (an
+// error names the list), refusing one given twice (the same items and settings, in any order of
+// settings), which would only repeat a row.
+func ParseList(lists []string) ([]Config, error) {
+	var cfgs []Config
+	seen := map[string]string{}
+	for _, l := range lists {
+		items, err := SplitList(l)
+		if err != nil {
+			return nil, err
+		}
+		for _, it := range items {
+			c, err := Parse(it)
+			if err != nil {
+				return nil, fmt.Errorf("%s: %w", l, err)
+			}
+			key := canonical(it)
+			if prev, dup := seen[key]; dup {
+				if prev == it {
+					return nil, fmt.Errorf("%s: eval: configuration %q given twice", l, it)
+				}
+				return nil, fmt.Errorf("%s: eval: configuration %q given twice (also as %q)", l, it, prev)
+			}
+			seen[key] = it
+			cfgs = append(cfgs, c)
+		}
+	}
+	return cfgs, nil
+}
+
+// canonical is a configuration with names lowered and each item's
+// settings sorted, so spellings of one configuration compare equal.
+func canonical(s string) string {
+	items := strings.Split(s, "+")
+	for i, it := range items {
+		name, opts, _ := strings.Cut(strings.TrimSpace(it), ":")
+		sets := strings.Split(opts, ",")
+		for j := range sets {
+			sets[j] = strings.ToLower(strings.ReplaceAll(sets[j], " ", ""))
+		}
+		sort.Strings(sets)
+		items[i] = strings.ToLower(strings.TrimSpace(name)) + ":" + strings.Join(sets, ",")
+	}
+	return strings.Join(items, "+")
 }

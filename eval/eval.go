@@ -174,6 +174,9 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 	if o.Segment <= 0 || o.Segment > c.ContextLen {
 		o.Segment = c.ContextLen
 	}
+	if o.Segment < 2 {
+		return nil, fmt.Errorf("eval: segments of %d token(s) predict nothing; want at least 2", o.Segment)
+	}
 	if len(tokens) < 2 {
 		return nil, fmt.Errorf("eval: need at least two tokens, got %d", len(tokens))
 	}
@@ -264,6 +267,9 @@ func Run(m *model.Model, tokens []int32, cfgs []Config, o Options) (*Report, err
 			}
 			p = q
 		}
+	}
+	if rep.Segments == 0 {
+		return nil, fmt.Errorf("eval: no segment of %d tokens left anything to measure", o.Segment)
 	}
 	for _, r := range runs {
 		r.finish()

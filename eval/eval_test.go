@@ -143,9 +143,95 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q) succeeded", bad)
 		}
 	}
-	got := strings.Join(SplitList("f16, q8_0,kv:k=q4_0,v=q8_0,q4_0"), "|")
-	if want := "f16|q8_0|kv:k=q4_0,v=q8_0|q4_0"; got != want {
-		t.Errorf("SplitList: %q, want %q", got, want)
+	l, err := SplitList("f16, q8_0,kv:k=q4_0,v=q8_0,q4_0")
+	if got, want := strings.Join(l, "|"), "f16|q8_0|kv:k=q4_0,v=q8_0|q4_0"; got != want || err != nil {
+		t.Errorf("SplitList: %q %v, want %q", got, err, want)
+	}
+}
+
+// TestKVListGrammar: a comma piece continues the settings of the item
+// before it only when it is key=value up to its first '+', so a
+// configuration of two items with settings is not cut at the comma inside
+// the first; empty pieces and orphan settings are errors.
+func TestKVListGrammar(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"streaming:sinks=4,window=2+snapkv:capacity=40", "streaming:sinks=4,window=2+snapkv:capacity=40"},
+		{"f16,streaming:sinks=4,window=256,q8_0", "f16|streaming:sinks=4,window=256|q8_0"},
+		{"q8_0+streaming:sinks=4,window=60,kivi4:g=16,r=16", "q8_0+streaming:sinks=4,window=60|kivi4:g=16,r=16"},
+		{"kv:k=q4_0,v=f16+block:n=32,f16", "kv:k=q4_0,v=f16+block:n=32|f16"},
+	} {
+		l, err := SplitList(c.in)
+		if got := strings.Join(l, "|"); got != c.want || err != nil {
+			t.Errorf("SplitList(%q) = %q %v, want %q", c.in, got, err, c.want)
+		}
+	}
+	for _, c := range []struct{ in, want string }{
+		{"f16,,q8_0", "empty configuration"},
+		{"f16,", "empty configuration"},
+		{"window=4", "starts with the setting"},
+		{"f16,r=3", `follows "f16", which has no settings`},
+	} {
+		if _, err := SplitList(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("SplitList(%q): %v, want %q", c.in, err, c.want)
+		}
+	}
+	c, err := Parse("streaming:sinks=4,window=2+snapkv:capacity=40")
+	if err == nil {
+		t.Errorf("two policies in one configuration accepted: %+v", c)
+	}
+}
+
+// TestParseConflicts: two items of one configuration that set the same
+// thing are refused naming both (f16+f32 used to run as f32 under the name
+// f16+f32), as are a configuration listed twice and a setting given twice;
+// a bad KIVI setting is named as such.
+func TestParseConflicts(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{"f16+f32", "f32 sets the K and V formats, which f16 already set"},
+		{"f16+f16", "f16 sets the K and V formats, which f16 already set"},
+		{"q8_0+kv:v=f16", "kv:v=f16 sets the V format, which q8_0 already set"},
+		{"quest:budget=64+streaming:sinks=4,window=60", "sets the KV policy, which quest:budget=64 already set"},
+		{"block:n=32+block:n=16", "sets the block size"},
+		{"streaming:sinks=4,sinks=8", "setting sinks given twice"},
+		{"quest:", "a ':' with no settings"},
+		{"f16:x=1", "the f16 format takes no settings"},
+		{"kivi2:r=-1", `r="-1" must be a whole number in [0, 1048576] (recent tokens kept in f16)`},
+		{"kivi2:g=0", `g="0" must be a whole number in [1, 1048576]`},
+		{"kivi2:r=32,r=64", "option r given twice"},
+	} {
+		_, err := Parse(c.in)
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("Parse(%q): %v, want %q", c.in, err, c.want)
+		}
+		if err != nil && strings.Contains(c.in, "kivi") && strings.Contains(err.Error(), "not a registered item") {
+			t.Errorf("Parse(%q): %v buries the KIVI error", c.in, err)
+		}
+	}
+	for _, c := range []struct {
+		in   []string
+		want string
+	}{
+		{[]string{"f16,f16"}, `configuration "f16" given twice`},
+		{[]string{"f16", "q8_0,F16"}, `configuration "F16" given twice (also as "f16")`},
+		{[]string{"streaming:sinks=4,window=8,streaming:window=8,sinks=4"}, "given twice"},
+	} {
+		if _, err := ParseList(c.in); err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("ParseList(%q): %v, want %q", c.in, err, c.want)
+		}
+	}
+	cfgs, err := ParseList([]string{"f16,kv:k=q8_0,v=f16+block:n=32", "streaming:sinks=4,window=2+q8_0"})
+	if err != nil || len(cfgs) != 3 || cfgs[1].Setup.KFormat != kvcache.Q8_0 || cfgs[1].Setup.VFormat != kvcache.F16 ||
+		cfgs[1].Setup.BlockSize != 32 || cfgs[2].Setup.Policy == nil || cfgs[2].Setup.KFormat != kvcache.Q8_0 || cfgs[2].Setup.Budget != 6 {
+		t.Errorf("ParseList: %+v %v", cfgs, err)
+	}
+}
+
+// TestSegmentOfOne: a one-token segment predicts nothing; Run refuses it
+// rather than report a table of zeros.
+func TestSegmentOfOne(t *testing.T) {
+	m, ids := openStories(t)
+	if _, err := Run(m, ids, mustParse(t, "f16"), Options{Segment: 1}); err == nil || !strings.Contains(err.Error(), "predict nothing") {
+		t.Errorf("segment 1: %v", err)
 	}
 }
 

@@ -1,6 +1,30 @@
 package hf
 
-import "pagoda/quant"
+import (
+	"fmt"
+	"strconv"
+
+	"pagoda/arch"
+	"pagoda/quant"
+)
+
+// CheckLayers refuses a checkpoint holding tensors of a layer at or past
+// num_hidden_layers (n): the loaders bind layers 0 to n-1 by name, so the
+// surplus would be dropped without a word and a truncated model run.
+func CheckLayers(names []string, n int) error {
+	top, topName := -1, ""
+	for _, name := range names {
+		if l, _, ok := arch.SplitLayer(name, "model.layers."); ok {
+			if v, err := strconv.Atoi(l); err == nil && v > top {
+				top, topName = v, name
+			}
+		}
+	}
+	if top >= n {
+		return fmt.Errorf("config.json does not match the tensors: num_hidden_layers is %d but the checkpoint has layer %d (%s)", n, top, topName)
+	}
+	return nil
+}
 
 // GGUFName maps an HF tensor name (model.layers.3.self_attn.q_proj.weight)
 // to its GGUF name (blk.3.attn_q.weight) as the architecture declares it.

@@ -60,6 +60,13 @@ func DefaultKIVI(bits int) KIVI {
 
 // parseKIVI reads "kivi2" or "kivi4" with options
 // ":g=32,r=128,vg=32,k=channel|token,v=token|channel".
+// kiviOptionHelp says what each numeric KIVI option counts.
+var kiviOptionHelp = map[string]string{
+	"g":  "tokens per key group",
+	"r":  "recent tokens kept in f16",
+	"vg": "channels per value group, 0 for the head width",
+}
+
 func parseKIVI(s string) (KIVI, error) {
 	name, opts, _ := strings.Cut(strings.ToLower(s), ":")
 	var f KIVI
@@ -72,16 +79,22 @@ func parseKIVI(s string) (KIVI, error) {
 		return f, fmt.Errorf("kvcache: unknown KIVI format %q (want kivi2 or kivi4)", name)
 	}
 	if opts != "" {
+		seen := map[string]bool{}
 		for _, kv := range strings.Split(opts, ",") {
 			k, v, ok := strings.Cut(kv, "=")
 			if !ok {
 				return f, fmt.Errorf("kvcache: %s: option %q is not key=value", s, kv)
 			}
+			if seen[k] {
+				return f, fmt.Errorf("kvcache: %s: option %s given twice", s, k)
+			}
+			seen[k] = true
 			switch k {
 			case "g", "r", "vg":
 				n, err := strconv.Atoi(v)
-				if err != nil || n < 0 || (n == 0 && k == "g") {
-					return f, fmt.Errorf("kvcache: %s: %s=%q is not a whole number (g ≥ 1)", s, k, v)
+				least := map[string]int{"g": 1, "r": 0, "vg": 0}[k]
+				if err != nil || n < least || n > 1<<20 {
+					return f, fmt.Errorf("kvcache: %s: %s=%q must be a whole number in [%d, %d] (%s)", s, k, v, least, 1<<20, kiviOptionHelp[k])
 				}
 				*map[string]*int{"g": &f.G, "r": &f.R, "vg": &f.VG}[k] = n
 			case "k", "v":

@@ -489,6 +489,10 @@ func openHF(dir string) (*Config, source, io.Closer, error) {
 	if err != nil {
 		return nil, nil, nil, err
 	}
+	if err := hf.CheckLayers(set.Names(), hc.NumLayers); err != nil {
+		set.Close()
+		return nil, nil, nil, err
+	}
 	_, head := set.Tensor("lm_head.weight")
 	if _, ok := set.Tensor("lm_head.qweight"); ok && hc.Quant != nil {
 		head = true // a quantized lm_head (lm_head: true)

@@ -331,6 +331,42 @@ func (c *completionRun) promptLogprobs(prompt []int32, offset *int) *completionL
 	return lp
 }
 
+// promptHead is how many leading prompt tokens promptOffsets places by
+// decoding the prefix before them: the start is where a tokenizer adds
+// what the text does not show (BOS, a dummy-prefix space the decoder
+// drops). Past it each token adds its own length, so a long prompt costs
+// O(n), not the O(n²) of decoding every prefix.
+const promptHead = 8
+
+// promptOffsets are OpenAI's text_offset for a prompt's tokens: where each
+// starts in text, the prompt as echoed. A control token (BOS) takes no
+// room; offsets never pass the text's end nor go back.
+func (c *completionRun) promptOffsets(ids []int32, text string) []int {
+	limit := runeLen(text)
+	offs := make([]int, len(ids))
+	off := 0
+	for i := range ids {
+		switch {
+		case i <= promptHead:
+			off = max(off, runeLen(c.s.b.Detokenize(ids[:i])))
+		case c.s.b.Detokenize(ids[i-1:i]) != "":
+			off += tokenRunes(c.s.b.TokenText(ids[i-1]))
+		}
+		offs[i] = min(off, limit)
+	}
+	return offs
+}
+
+// placePrompt sets the text offsets of the prompt's entries in lp (the
+// first len(p.ids)) from promptOffsets; the completion's, counted from the
+// text's end, stay.
+func (c *completionRun) placePrompt(lp *completionLogprobs, p promptItem) {
+	if lp == nil {
+		return
+	}
+	copy(lp.TextOffset, c.promptOffsets(p.ids, p.text))
+}
+
 // tokenRunes is how many characters a token adds to the text; a partial
 // UTF-8 byte counts as one, as Python's decode with replacement would.
 func tokenRunes(text string) int {
@@ -396,6 +432,9 @@ func (c *completionRun) collect(ctx context.Context, w http.ResponseWriter, even
 	resp := completionResponse{ID: c.id, Object: "text_completion", Created: c.created,
 		Model: c.s.b.ModelName(), SystemFingerprint: c.s.fp, Usage: c.usage.json()}
 	for i := range nc {
+		if c.promptLP {
+			c.placePrompt(lps[i], c.prompts[i/c.n])
+		}
 		f := finish[i]
 		if f == engine.FinishNone {
 			f = engine.FinishStop
@@ -424,6 +463,7 @@ func (c *completionRun) stream(ctx context.Context, w http.ResponseWriter, event
 	promptLPs := make([]*completionLogprobs, nc)
 	pending := make([]int, nc)
 	sendEcho := func(i int) {
+		c.placePrompt(promptLPs[i], c.prompts[i/c.n])
 		out.send(c.chunk([]completionChoice{{Index: i, Text: c.prompts[i/c.n].text, Logprobs: promptLPs[i]}}, includeUsage))
 		promptLPs[i] = nil
 	}

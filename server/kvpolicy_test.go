@@ -146,6 +146,45 @@ func TestKVPolicyRealModel(t *testing.T) {
 	}
 }
 
+// TestKVPolicyRefusals (issue 24, item 7): on the real model (context
+// 512) a setting given twice, a ':' with no settings, an unknown setting
+// and counts past the context are 400s naming kv_policy and saying what
+// is wrong; the same policies within bounds generate.
+func TestKVPolicyRefusals(t *testing.T) {
+	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	m, eng := storiesEngine(t, path, func(c *engine.Config) { c.BlockSize, c.KVDType = 8, kvcache.F32 })
+	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", m.Config.ContextLen, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(be, Options{}).Handler())
+	t.Cleanup(ts.Close)
+	ctx := itoa(m.Config.ContextLen)
+	for _, c := range []struct{ field, msg string }{
+		{`"quest:budget=1,budget=2"`, "setting budget given twice"},
+		{`"quest:"`, "a ':' with no settings after it"},
+		{`"streaming:sinks=100000,window=1"`, "sinks + window is 100001 tokens, more than the context of " + ctx + " (want at most " + ctx + ")"},
+		{`"snapkv:capacity=1000000000"`, "the capacity is 1000000000 tokens, more than the context of " + ctx},
+		{`{"name":"quest","budget":100000}`, "the budget is 100000 tokens"},
+		{`"window:size=8"`, "unknown setting size (window takes w)"},
+	} {
+		for _, ep := range []struct{ path, body string }{
+			{"/v1/completions", `"prompt":"hi"`},
+			{"/v1/chat/completions", `"messages":[{"role":"user","content":"hi"}]`},
+		} {
+			code, b := post(t, ts, ep.path, `{`+ep.body+`,"max_tokens":2,"kv_policy":`+c.field+`}`)
+			if code != 400 || !strings.Contains(string(b), `"param":"kv_policy"`) || !strings.Contains(string(b), c.msg) {
+				t.Errorf("%s kv_policy %s: %d %s, want 400 with %q", ep.path, c.field, code, b, c.msg)
+			}
+		}
+	}
+	for _, field := range []string{`"quest:budget=` + ctx + `"`, `"streaming:sinks=4,window=60"`, `"snapkv:capacity=64"`} {
+		if code, b := post(t, ts, "/v1/completions", `{"prompt":"Once upon a time","max_tokens":4,"kv_policy":`+field+`}`); code != 200 {
+			t.Errorf("kv_policy %s: %d %s", field, code, b)
+		}
+	}
+}
+
 // FuzzKVPolicyField: the kv_policy parser never panics; what it accepts
 // is a policy whose settings pass its own check, and its string form
 // parses back to the same policy.

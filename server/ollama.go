@@ -44,7 +44,7 @@ func (s ollamaAPI) registerOllama(m *http.ServeMux) {
 	m.HandleFunc("GET /api/tags", s.auth(s.handleOllamaTags))
 	m.HandleFunc("POST /api/show", s.auth(s.handleOllamaShow))
 	m.HandleFunc("GET /api/ps", s.auth(s.handleOllamaPS))
-	m.HandleFunc("GET /api/version", s.handleOllamaVersion)
+	m.HandleFunc("GET /api/version", infoAuth(s.Server, s.handleOllamaVersion))
 	// ollama's HEAD / answers "Ollama is running"; clients probe with it.
 	m.HandleFunc("HEAD /{$}", func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusOK) })
 }

@@ -138,8 +138,8 @@ func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
 	}
 	r.KVPolicy = pol
 	if p.SpecTokens != nil {
-		if *p.SpecTokens < 0 {
-			return nil, badRequest("spec_tokens", "spec_tokens must be >= 0 (0 turns speculation off), got %d", *p.SpecTokens)
+		if *p.SpecTokens < 0 || *p.SpecTokens > engine.MaxSpecTokens {
+			return nil, badRequest("spec_tokens", "spec_tokens must be in [0, %d] (0 turns speculation off), got %d", engine.MaxSpecTokens, *p.SpecTokens)
 		}
 		r.SpecTokens = *p.SpecTokens
 		if r.SpecTokens == 0 {

@@ -185,3 +185,91 @@ func TestEchoScoreOnly(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestEchoTextOffset (issue 24, item 6): with echo and logprobs,
+// text_offset indexes the returned text, as OpenAI's does: BOS, which the
+// text does not show, and the first word's dropped dummy-prefix space
+// take no room ("Once upon" gave [0,3,8], indexing the joined token
+// strings; the text puts "upon"'s space at 4). Every token's visible text
+// is found at its offset, for a text prompt and an id prompt, one-shot
+// and streamed, the completion's offsets continuing after the prompt.
+func TestEchoTextOffset(t *testing.T) {
+	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	m, eng := storiesEngine(t, path, func(c *engine.Config) { c.KVDType = kvcache.F32 })
+	be, err := NewEngineBackend(eng, m.Tokenizer(), "stories260K", m.Config.ContextLen, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := httptest.NewServer(New(be, Options{}).Handler())
+	defer ts.Close()
+	type choice struct {
+		Text     string
+		Logprobs echoLogprobs
+	}
+	check := func(name, text string, lp echoLogprobs) {
+		t.Helper()
+		runes := []rune(text)
+		prev := 0
+		for i, off := range lp.TextOffset {
+			if off < prev || off > len(runes) {
+				t.Fatalf("%s: text_offset %v not ascending within %q", name, lp.TextOffset, text)
+			}
+			prev = off
+			tok := strings.TrimPrefix(lp.Tokens[i], " ")
+			if lp.Tokens[i] == "<s>" {
+				tok = ""
+			}
+			if at := string(runes[off:]); !strings.HasPrefix(at, tok) && !strings.HasPrefix(at, lp.Tokens[i]) {
+				t.Errorf("%s: token %d %q at offset %d, but the text there is %q", name, i, lp.Tokens[i], off, at)
+			}
+		}
+	}
+	code, b := post(t, ts, "/v1/completions", `{"prompt":"Once upon","max_tokens":0,"echo":true,"logprobs":1}`)
+	if code != 200 {
+		t.Fatalf("%d %s", code, b)
+	}
+	got := decode[struct{ Choices []choice }](t, b).Choices[0]
+	if got.Text != "Once upon" || !reflect.DeepEqual(got.Logprobs.TextOffset, []int{0, 0, 4}) {
+		t.Errorf("\"Once upon\": text %q, tokens %q, text_offset %v; want [0 0 4]", got.Text, got.Logprobs.Tokens, got.Logprobs.TextOffset)
+	}
+	ids := m.Tokenizer().Encode("Once upon a time, there was a little girl named Lily. She loved to play", tokenizer.Options{AddSpecial: true})
+	idJSON, _ := json.Marshal(ids)
+	for _, prompt := range []string{`"Once upon a time, there was a little girl named Lily. She loved to play"`, string(idJSON)} {
+		req := `{"prompt":` + prompt + `,"max_tokens":6,"temperature":0,"ignore_eos":true,"echo":true,"logprobs":1`
+		code, b := post(t, ts, "/v1/completions", req+`}`)
+		if code != 200 {
+			t.Fatalf("%d %s", code, b)
+		}
+		one := decode[struct{ Choices []choice }](t, b).Choices[0]
+		check(prompt[:10], one.Text, one.Logprobs)
+		if n := len(ids); one.Logprobs.TextOffset[n] != len([]rune(one.Text))-len([]rune(strings.Join(one.Logprobs.Tokens[n:], ""))) {
+			t.Errorf("%s: completion starts at %d in %q", prompt[:10], one.Logprobs.TextOffset[n], one.Text)
+		}
+		var st echoLogprobs
+		var text strings.Builder
+		for _, ev := range postStream(t, ts, "/v1/completions", req+`,"stream":true}`) {
+			if ev == "[DONE]" {
+				continue
+			}
+			var ch struct {
+				Choices []struct {
+					Text     string
+					Logprobs *echoLogprobs
+				}
+			}
+			if err := json.Unmarshal([]byte(ev), &ch); err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range ch.Choices {
+				text.WriteString(c.Text)
+				if c.Logprobs != nil {
+					st.Tokens = append(st.Tokens, c.Logprobs.Tokens...)
+					st.TextOffset = append(st.TextOffset, c.Logprobs.TextOffset...)
+				}
+			}
+		}
+		if text.String() != one.Text || !reflect.DeepEqual(st.TextOffset, one.Logprobs.TextOffset) {
+			t.Errorf("%s: stream %q %v, one-shot %q %v", prompt[:10], text.String(), st.TextOffset, one.Text, one.Logprobs.TextOffset)
+		}
+	}
+}

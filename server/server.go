@@ -30,8 +30,13 @@ import (
 type Options struct {
 	// APIKey, when set, is required as "Authorization: Bearer <key>" on
 	// /v1/*, /tokenize and /detokenize (health, version and metrics stay
-	// open, as in vLLM).
+	// open, as in vLLM, unless MetricsAuth).
 	APIKey string
+	// MetricsAuth makes /metrics, /version and /api/version require
+	// APIKey too (--metrics-auth): metrics name the model and reveal its
+	// load, which a deployment may not want public. /health stays open
+	// for load balancers. No effect without APIKey.
+	MetricsAuth bool
 	// Registry is served at /metrics and receives the server's own HTTP
 	// metrics (pagoda:http_*). nil: no /metrics.
 	Registry *prometheus.Registry
@@ -152,9 +157,9 @@ func New(b Backend, o Options) *Server {
 	m.HandleFunc("POST /tokenize", s.auth(tok.handleTokenize))
 	m.HandleFunc("POST /detokenize", s.auth(tok.handleDetokenize))
 	m.HandleFunc("GET /health", models.handleHealth)
-	m.HandleFunc("GET /version", models.handleVersion)
+	m.HandleFunc("GET /version", infoAuth(s, models.handleVersion))
 	if o.Registry != nil {
-		m.Handle("GET /metrics", promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}))
+		m.HandleFunc("GET /metrics", infoAuth(s, promhttp.HandlerFor(o.Registry, promhttp.HandlerOpts{}).ServeHTTP))
 	}
 	webAPI{s}.registerWeb(m)
 	embedAPI{s}.registerEmbed(m)
@@ -301,6 +306,16 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 		}
 		h(w, r)
 	}
+}
+
+// infoAuth guards the informational endpoints (/metrics, /version):
+// open, as in vLLM, unless Options.MetricsAuth asks for the API key there
+// too. A function, not a method: Server's method set is capped.
+func infoAuth(s *Server, h http.HandlerFunc) http.HandlerFunc {
+	if !s.o.MetricsAuth {
+		return h
+	}
+	return s.auth(h)
 }
 
 // keyOK checks the API key: "Authorization: Bearer <key>" (OpenAI,

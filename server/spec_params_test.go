@@ -1,21 +1,26 @@
 package server
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestSpecTokensParam maps the spec_tokens body field onto the engine
-// request: absent keeps the server's setting, 0 turns speculation off.
+// request: absent keeps the server's setting, 0 turns speculation off;
+// past engine.MaxSpecTokens (65, 1,000,000) is a 400 naming the range
+// (issue 24, item 7).
 func TestSpecTokensParam(t *testing.T) {
 	l := limits{maxN: 4, maxLogprobs: 5}
 	for _, c := range []struct {
 		in   *int
 		want int
 		bad  bool
-	}{{nil, 0, false}, {ptr(0), -1, false}, {ptr(3), 3, false}, {ptr(-2), 0, true}} {
+	}{{nil, 0, false}, {ptr(0), -1, false}, {ptr(3), 3, false}, {ptr(64), 64, false}, {ptr(-2), 0, true}, {ptr(65), 0, true}, {ptr(1000000), 0, true}} {
 		p := commonParams{SpecTokens: c.in}
 		r, ae := p.toEngine(l)
 		if c.bad {
-			if ae == nil {
-				t.Errorf("spec_tokens %d accepted", *c.in)
+			if ae == nil || ae.Param != "spec_tokens" || !strings.Contains(ae.Message, "spec_tokens must be in [0, 64]") {
+				t.Errorf("spec_tokens %d: %+v", *c.in, ae)
 			}
 			continue
 		}

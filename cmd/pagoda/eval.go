@@ -25,27 +25,39 @@ func init() {
 	register("eval", "compare KV-cache configurations teacher-forced against the exact cache: KL, top-1, perplexity, bytes/token, speed", runEval)
 }
 
-// listFlag collects a repeatable flag whose values may also be comma lists.
+// kvListHelp is --kv's help: the list grammar of eval.SplitList.
+const kvListHelp = `KV configurations to evaluate, a comma list; repeatable. A configuration is items joined by '+', an item a name with optional ':key=value,...' settings: ` +
+	`f16,q8_0,kivi4:r=32,kv:k=q4_0,v=q8_0,q8_0+streaming:sinks=4,window=256. A comma piece that is key=value (before any '+') continues the settings of the item before it, ` +
+	`any other piece starts a new configuration, so "streaming:sinks=4,window=60+kivi4:r=32,f16" is two configurations, the first of two items. Each configuration sets each thing (format, policy, block size) at most once, ` +
+	`and may be given once (default: f16,q8_0,q4_0,kivi4,kivi2, less the formats the model's head width cannot store)`
+
+// listFlag collects the raw values of a repeatable list flag, each
+// checked against the list grammar as it is given.
 type listFlag []string
 
 func (l *listFlag) String() string { return strings.Join(*l, ",") }
 func (l *listFlag) Set(s string) error {
-	*l = append(*l, eval.SplitList(s)...)
+	if _, err := eval.SplitList(s); err != nil {
+		return err
+	}
+	*l = append(*l, s)
 	return nil
 }
+
+const defaultEvalKV = "f16,q8_0,q4_0,kivi4,kivi2"
 
 func runEval(args []string) error {
 	fs := flag.NewFlagSet("eval", flag.ContinueOnError)
 	modelPath := fs.String("m", "", "model: GGUF file, llama2.c .bin or Hugging Face directory (default: the built-in stories260K)")
 	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
-	text := fs.String("text", "", "text to evaluate (BOS added as the vocabulary says)")
+	text := fs.String("text", "", "text to evaluate (BOS added as the vocabulary says); one of --text, -f, --tokens")
 	file := fs.String("f", "", "file whose text to evaluate")
 	tokens := fs.String("tokens", "", "token ids instead of text, e.g. \"1,403,407\"")
 	var kvs listFlag
-	fs.Var(&kvs, "kv", "KV configuration to evaluate; repeat or give a comma list: f16,q8_0,q4_0,kivi2,kivi4:r=32,kv:k=q4_0,v=q8_0 (items joined with '+')")
+	fs.Var(&kvs, "kv", kvListHelp)
 	maxTok := fs.Int("max-tokens", 0, "evaluate at most this many tokens (0 = all)")
 	chunk := fs.Int("chunk", 1, "tokens per forward pass (1 = as in generation)")
-	segment := fs.Int("segment", 0, "tokens per fresh cache (0 = the model's context length)")
+	segment := fs.Int("segment", 0, "tokens per fresh cache, at least 2 (0 = the model's context length)")
 	prefill := fs.Int("prefill", 0, "the first N tokens of every segment are one prompt pass (SnapKV compresses it); only the tokens after it are measured (0 = none)")
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's); a longer one lets the exact cache run past the trained context")
 	curveOut := fs.String("curve", "", "also plot perplexity over bins of --curve-bin positions against position, the exact cache and every configuration, as SVG to this file")
@@ -70,17 +82,36 @@ func runEval(args []string) error {
 		fmt.Println("any KV format: f32, f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, kivi2, kivi4 (kivi options g=, r=, k=channel|token, v=token|channel, vg=)")
 		return nil
 	}
-	if len(kvs) == 0 {
-		kvs = eval.SplitList("f16,q8_0,q4_0,kivi4,kivi2")
+	// Everything the flags alone can refuse is refused before a model
+	// loads or any output file is touched.
+	if *segment == 1 {
+		return fmt.Errorf("--segment 1: a one-token segment predicts nothing; give at least 2 (or 0 for the model's context)")
 	}
-	var cfgs []eval.Config
-	for _, s := range kvs {
-		c, err := eval.Parse(s)
-		if err != nil {
-			return fmt.Errorf("--kv %s: %w", s, err)
+	if *segment > 0 && *prefill >= *segment {
+		return fmt.Errorf("--prefill %d leaves nothing to measure in segments of --segment %d", *prefill, *segment)
+	}
+	in, err := readScoreInput(*tokens, *text, *file)
+	if err != nil {
+		return err
+	}
+	explicit := len(kvs) > 0
+	if !explicit {
+		kvs = listFlag{defaultEvalKV}
+	}
+	cfgs, err := eval.ParseList(kvs)
+	if err != nil {
+		return fmt.Errorf("--kv %w", err)
+	}
+	outs, err := openOutputs(*csvOut, *svgOut, *savedOut, *budgetOut, *curveOut, *mdOut)
+	if err != nil {
+		return err
+	}
+	ok := false
+	defer func() {
+		if !ok {
+			outs.abort()
 		}
-		cfgs = append(cfgs, c)
-	}
+	}()
 	path, err := resolveModel(*modelPath)
 	if err != nil {
 		return err
@@ -90,15 +121,10 @@ func runEval(args []string) error {
 		return err
 	}
 	defer m.Close()
-	c := m.Config
-	shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
-	for _, cf := range cfgs {
-		k, v := cmp.Or[kvcache.Format](cf.Setup.KFormat, kvcache.F32), cmp.Or[kvcache.Format](cf.Setup.VFormat, kvcache.F32)
-		if sz := kvcache.SizeOf(shape, k, v, cf.Setup.BlockSize); sz.Err != nil {
-			return fmt.Errorf("--kv %s: %w", cf.Name, sz.Err)
-		}
+	if cfgs, err = fitEvalConfigs(m, cfgs, explicit); err != nil {
+		return err
 	}
-	ids, err := inputTokens(m.Tokenizer(), *tokens, *text, *file)
+	ids, err := in.ids(m.Tokenizer())
 	if err != nil {
 		return err
 	}
@@ -121,19 +147,6 @@ func runEval(args []string) error {
 	if err != nil {
 		return err
 	}
-	if *csvOut != "" {
-		f, err := os.Create(*csvOut)
-		if err != nil {
-			return err
-		}
-		if err := writeEvalCSV(f, rep); err != nil {
-			f.Close()
-			return err
-		}
-		if err := f.Close(); err != nil {
-			return err
-		}
-	}
 	title := fmt.Sprintf("%s: %d tokens", filepath.Base(path), len(ids))
 	if *prefill > 0 {
 		title += fmt.Sprintf(", prompt %d per segment of %d", *prefill, min(len(ids), cmp.Or(*segment, m.Config.ContextLen)))
@@ -145,19 +158,18 @@ func runEval(args []string) error {
 		path  string
 		write func(io.Writer) error
 	}{
+		{*csvOut, func(w io.Writer) error { return writeEvalCSV(w, rep) }},
 		{*svgOut, func(w io.Writer) error { return eval.WriteSVG(w, rep, title) }},
 		{*savedOut, func(w io.Writer) error { return eval.WriteSavedSVG(w, rep, title) }},
 		{*budgetOut, func(w io.Writer) error { return eval.WriteBudgetSVG(w, rep, title) }},
 		{*curveOut, func(w io.Writer) error { return eval.WriteCurveSVG(w, rep, title, *curveBin) }},
 		{*mdOut, func(w io.Writer) error { return writeEvalMarkdown(w, rep) }},
 	} {
-		if o.path == "" {
-			continue
-		}
-		if err := writeOut(o.path, o.write); err != nil {
+		if err := outs.write(o.path, o.write); err != nil {
 			return err
 		}
 	}
+	ok = true
 	out := bufio.NewWriter(os.Stdout)
 	defer out.Flush()
 	if *jsonOut {
@@ -166,6 +178,32 @@ func runEval(args []string) error {
 		return enc.Encode(rep)
 	}
 	return writeEvalTable(out, rep)
+}
+
+// fitEvalConfigs checks every configuration's formats against m's head
+// shape. A configuration the user listed that cannot fit is an error; one
+// of the default list is dropped with a note, so the default run works on
+// any model (q8_0 and q4_0 need head widths that are multiples of 32).
+func fitEvalConfigs(m *model.Model, cfgs []eval.Config, explicit bool) ([]eval.Config, error) {
+	c := m.Config
+	shape := kvcache.Shape{NLayer: c.NLayer, NHead: c.NHead, NKVHead: c.NKVHead, HeadDim: c.HeadDim}
+	var fit []eval.Config
+	for _, cf := range cfgs {
+		k, v := cmp.Or[kvcache.Format](cf.Setup.KFormat, kvcache.F32), cmp.Or[kvcache.Format](cf.Setup.VFormat, kvcache.F32)
+		sz := kvcache.SizeOf(shape, k, v, cf.Setup.BlockSize)
+		switch {
+		case sz.Err == nil:
+			fit = append(fit, cf)
+		case explicit:
+			return nil, fmt.Errorf("--kv %s: %w", cf.Name, sz.Err)
+		default:
+			fmt.Fprintf(os.Stderr, "pagoda eval: skipping %s of the default list: %v\n", cf.Name, sz.Err)
+		}
+	}
+	if len(fit) == 0 {
+		return nil, fmt.Errorf("no configuration of the default --kv list fits this model's head width %d; give --kv", c.HeadDim)
+	}
+	return fit, nil
 }
 
 var evalCols = []string{"config", "K", "V", "KL mean", "KL max", "top-1 %", "ppl", "Δppl", "B/token", "peak KiB", "tok/s"}
@@ -193,17 +231,63 @@ func writeEvalTable(w io.Writer, rep *eval.Report) error {
 	return tw.Flush()
 }
 
-// writeOut writes path through write, closing it either way.
-func writeOut(path string, write func(io.Writer) error) error {
-	f, err := os.Create(path)
-	if err != nil {
+// outputs are the files a command writes after a long run, opened before
+// it so that an unwritable path fails at once, not after the work; a file
+// the command created is removed again if the run fails, and one that
+// existed is left as it was.
+type outputs struct {
+	files   map[string]*os.File
+	created map[string]bool
+}
+
+func openOutputs(paths ...string) (*outputs, error) {
+	o := &outputs{files: map[string]*os.File{}, created: map[string]bool{}}
+	for _, p := range paths {
+		if p == "" {
+			continue
+		}
+		if _, dup := o.files[p]; dup {
+			o.abort()
+			return nil, fmt.Errorf("%s is named as two outputs", p)
+		}
+		_, statErr := os.Stat(p)
+		f, err := os.OpenFile(p, os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			o.abort()
+			return nil, err
+		}
+		o.files[p], o.created[p] = f, os.IsNotExist(statErr)
+	}
+	return o, nil
+}
+
+// write replaces path's contents through w and closes it; "" is no output.
+func (o *outputs) write(path string, w func(io.Writer) error) error {
+	f := o.files[path]
+	if f == nil {
+		return nil
+	}
+	delete(o.files, path)
+	if err := f.Truncate(0); err != nil {
+		f.Close()
 		return err
 	}
-	if err := write(f); err != nil {
+	if err := w(f); err != nil {
 		f.Close()
 		return err
 	}
 	return f.Close()
+}
+
+// abort closes what is still open and removes the files it created.
+func (o *outputs) abort() {
+	for p, f := range o.files {
+		f.Close()
+		if o.created[p] {
+			os.Remove(p)
+		}
+	}
+	o.files = nil
 }
 
 // writeSinks prints the attention mass on the first tokens, per layer.

@@ -140,3 +140,69 @@ func TestEvalPlots(t *testing.T) {
 		t.Errorf("--prefill 500: exit %d, %q", code, stderr)
 	}
 }
+
+// TestEvalHardening (issue 24, item 4): the default run works on the
+// built-in model, skipping with a note the default formats its head width
+// 8 cannot store; input and flag checks come before the model and before
+// any output file; --segment 1, two inputs, a configuration that sets a
+// format twice or is listed twice are refused; a configuration of two
+// items with settings is not cut at a comma inside it; a bad KIVI setting
+// is named; a CSV path that cannot be written fails before the model
+// loads, and a failed run leaves no CSV behind.
+func TestEvalHardening(t *testing.T) {
+	text := "--text=Once upon a time, there was a little girl named Lily."
+	code, stdout, stderr := pagoda(t, "eval", "--threads", "1", text)
+	if code != 0 || !strings.Contains(stdout, "kivi2") || !strings.Contains(stderr, "skipping q8_0 of the default list") ||
+		strings.Contains(stdout, "q8_0") {
+		t.Errorf("default run: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	dir := t.TempDir()
+	txt := filepath.Join(dir, "in.txt")
+	if err := os.WriteFile(txt, []byte("Once upon a time"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{nil, "give --text, -f or --tokens"},
+		{[]string{"--kv", "q8_0"}, "give --text, -f or --tokens"},
+		{[]string{text, "--segment", "1"}, "--segment 1: a one-token segment predicts nothing"},
+		{[]string{text, "-f", txt}, "--text and -f: give only one"},
+		{[]string{"--tokens", "1,403,407", "-f", txt}, "--tokens and -f: give only one"},
+		{[]string{text, "--kv", "f16+f32"}, `"f16+f32": f32 sets the K and V formats, which f16 already set`},
+		{[]string{text, "--kv", "f16,q4_1", "--kv", "F16"}, `configuration "F16" given twice (also as "f16")`},
+		{[]string{text, "--kv", "kivi2:r=-1"}, `r="-1" must be a whole number in [0, 1048576] (recent tokens kept in f16)`},
+		{[]string{text, "--kv", "f16", "--csv", filepath.Join(dir, "no", "such", "dir.csv")}, "no such file or directory"},
+	} {
+		code, stdout, stderr := pagoda(t, append([]string{"eval", "--threads", "1"}, c.args...)...)
+		if code != 1 || !strings.Contains(stderr, c.want) || stdout != "" || strings.Contains(stderr, "built-in") {
+			t.Errorf("eval %q: exit %d, want 1 with %q before the model loads\nstdout %q\nstderr %q", c.args, code, c.want, stdout, stderr)
+		}
+	}
+	csvPath := filepath.Join(dir, "out.csv")
+	if code, _, stderr := pagoda(t, "eval", "--threads", "1", text, "--kv", "q8_0", "--csv", csvPath); code != 1 || !strings.Contains(stderr, "multiples of 32") {
+		t.Errorf("q8_0 on head width 8: exit %d, %s", code, stderr)
+	}
+	if _, err := os.Stat(csvPath); !os.IsNotExist(err) {
+		t.Errorf("a failed run left %s behind (%v)", csvPath, err)
+	}
+	code, stdout, stderr = pagoda(t, "eval", "--threads", "1", text, "--kv", "streaming:sinks=4,window=8+f16", "--json", "--csv", csvPath)
+	var rep struct {
+		Results []struct {
+			Name    string
+			KFormat string `json:"k_format"`
+			Budget  int
+			KLMean  float64 `json:"kl_mean"`
+		}
+	}
+	if err := json.Unmarshal([]byte(stdout), &rep); code != 0 || err != nil {
+		t.Fatalf("exit %d, %v\n%s\n%s", code, err, stdout, stderr)
+	}
+	if r := rep.Results; len(r) != 1 || r[0].Name != "streaming:sinks=4,window=8+f16" || r[0].KFormat != "f16" || r[0].Budget != 12 || !(r[0].KLMean > 0) {
+		t.Errorf("results: %+v", r)
+	}
+	if b, err := os.ReadFile(csvPath); err != nil || !strings.Contains(string(b), `"streaming:sinks=4,window=8+f16",f16,f16`) {
+		t.Errorf("csv: %q %v", b, err)
+	}
+}

@@ -22,6 +22,9 @@ func kvPolicyFlag(s string, ctxLen int) (pol kvcache.Policy, apiCtx int, err err
 		return nil, ctxLen, nil
 	}
 	pol, err = kvcache.ParsePolicy(s)
+	if err == nil {
+		err = kvcache.CheckContext(pol, ctxLen)
+	}
 	if err != nil {
 		return nil, 0, fmt.Errorf("--kv-policy: %v", err)
 	}

@@ -45,6 +45,10 @@ func runScore(args []string) error {
 	if err := parseFlags(fs, args, []limit{{"threads", 0, maxThreads}}); err != nil {
 		return err
 	}
+	in, err := readScoreInput(*tokens, *text, *file)
+	if err != nil {
+		return err
+	}
 	path, err := resolveModel(*modelPath)
 	if err != nil {
 		return err
@@ -56,7 +60,7 @@ func runScore(args []string) error {
 	}
 	defer m.Close()
 	tok := m.Tokenizer()
-	ids, err := inputTokens(tok, *tokens, *text, *file)
+	ids, err := in.ids(tok)
 	if err != nil {
 		return err
 	}
@@ -114,26 +118,49 @@ func runScore(args []string) error {
 	return nil
 }
 
-// inputTokens reads the token ids a scoring command works on: --tokens as
-// given, else --text or the file's text encoded with BOS as the vocabulary
-// says (specials in the text stay text).
-func inputTokens(tok tokenizer.Tokenizer, tokens, text, file string) ([]int32, error) {
-	switch {
-	case tokens != "":
-		return parseIDs(tokens)
-	case text != "" || file != "":
-		s := text
-		if file != "" {
-			b, err := os.ReadFile(file)
-			if err != nil {
-				return nil, err
-			}
-			s = string(b)
+// scoreInput is what a scoring command works on: --tokens, --text or
+// the text of -f, exactly one of them, checked (and the file read) before
+// any model is opened.
+type scoreInput struct {
+	tokens, text string
+	isText       bool
+}
+
+func readScoreInput(tokens, text, file string) (scoreInput, error) {
+	var given []string
+	for _, f := range []struct{ name, v string }{{"--tokens", tokens}, {"--text", text}, {"-f", file}} {
+		if f.v != "" {
+			given = append(given, f.name)
 		}
-		if tok == nil {
-			return nil, fmt.Errorf("the model has no tokenizer; pass --tokenizer or --tokens")
-		}
-		return tok.Encode(s, tokenizer.Options{AddSpecial: true}), nil
 	}
-	return nil, fmt.Errorf("give --text, -f or --tokens")
+	switch {
+	case len(given) == 0:
+		return scoreInput{}, fmt.Errorf("give --text, -f or --tokens")
+	case len(given) > 1:
+		return scoreInput{}, fmt.Errorf("%s: give only one of --text, -f and --tokens", strings.Join(given, " and "))
+	case tokens != "":
+		if _, err := parseIDs(tokens); err != nil {
+			return scoreInput{}, fmt.Errorf("--tokens: %w", err)
+		}
+		return scoreInput{tokens: tokens}, nil
+	case file != "":
+		b, err := os.ReadFile(file)
+		if err != nil {
+			return scoreInput{}, err
+		}
+		text = string(b)
+	}
+	return scoreInput{text: text, isText: true}, nil
+}
+
+// ids are the token ids: --tokens as given, else the text encoded with
+// BOS as the vocabulary says (specials in the text stay text).
+func (in scoreInput) ids(tok tokenizer.Tokenizer) ([]int32, error) {
+	if !in.isText {
+		return parseIDs(in.tokens)
+	}
+	if tok == nil {
+		return nil, fmt.Errorf("the model has no tokenizer; pass --tokenizer or --tokens")
+	}
+	return tok.Encode(in.text, tokenizer.Options{AddSpecial: true}), nil
 }

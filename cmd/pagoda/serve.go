@@ -129,7 +129,8 @@ func runServe(args []string) error {
 	name := fs.String("served-model-name", "", "model name in the API (default: the file name); a comma-separated list gives aliases; requests naming another model get 404")
 	host := fs.String("host", "127.0.0.1", "listen address")
 	port := fs.Int("port", 8000, "listen port (0 = any free port)")
-	apiKey := fs.String("api-key", "", "require this bearer token on /v1/* (default $PAGODA_API_KEY)")
+	apiKey := fs.String("api-key", "", "require this bearer token on /v1/* (default $PAGODA_API_KEY); /health, /version and /metrics stay open, as in vLLM")
+	metricsAuth := fs.Bool("metrics-auth", false, "with --api-key: require the key on /metrics, /version and /api/version too (/health stays open)")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	tpf := addTPFlags(fs)
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
@@ -169,15 +170,18 @@ func runServe(args []string) error {
 		return err
 	}
 	*modelPath = path
+	if *apiKey == "" {
+		*apiKey = os.Getenv("PAGODA_API_KEY")
+	}
+	if *metricsAuth && *apiKey == "" {
+		return fmt.Errorf("--metrics-auth needs --api-key (or $PAGODA_API_KEY): there is no key to require")
+	}
 	if isEncoderFile(path) {
 		if *name == "" {
 			*name = servedName(path)
 		}
-		return serveEncoder(path, *name, *threads, net.JoinHostPort(*host, strconv.Itoa(*port)), cmp.Or(*apiKey, os.Getenv("PAGODA_API_KEY")), *grace,
-			server.Options{MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts)})
-	}
-	if *apiKey == "" {
-		*apiKey = os.Getenv("PAGODA_API_KEY")
+		return serveEncoder(path, *name, *threads, net.JoinHostPort(*host, strconv.Itoa(*port)), *apiKey, *grace,
+			server.Options{MaxConnections: *maxConns, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), MetricsAuth: *metricsAuth})
 	}
 	kf, err := parseKVFormat(*kvDType, "")
 	if err != nil {
@@ -298,7 +302,7 @@ func runServe(args []string) error {
 		return err
 	}
 	backend.SetModelInfo(modelInfo(m, *modelPath, budget))
-	so := server.Options{APIKey: *apiKey, ServedNames: aliases, Version: version(), Registry: reg, MaxWaiting: *maxWaiting,
+	so := server.Options{APIKey: *apiKey, MetricsAuth: *metricsAuth, ServedNames: aliases, Version: version(), Registry: reg, MaxWaiting: *maxWaiting,
 		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
 	if emb := grp.embedder(m); emb != nil {
 		defer emb.Close()

@@ -4,10 +4,12 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"os"
 	"strings"
 
 	"pagoda/engine"
 	"pagoda/generate"
+	"pagoda/gguf"
 	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/spec"
@@ -37,7 +39,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured by alternating (false: the cost model alone decides)")
 }
 
-var specLimits = []limit{{"spec-tokens", 1, 64}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}
+var specLimits = []limit{{"spec-tokens", 1, engine.MaxSpecTokens}, {"spec-p-min", 0, 1}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}
 
 // build makes the engine's speculation settings for target; close
 // releases the draft model. Off (a zero SpecConfig) without --draft or
@@ -64,6 +66,9 @@ func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConf
 		if f.draft == "" {
 			return cfg, close, fmt.Errorf("--spec-method draft needs --draft FILE")
 		}
+		if err := checkDraftVocab(f.draft, target); err != nil {
+			return cfg, close, err
+		}
 		dm, err := openModel(f.draft, model.Options{Threads: threads, Pool: target.Pool()})
 		if err != nil {
 			return cfg, close, fmt.Errorf("--draft: %w", err)
@@ -84,6 +89,29 @@ func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConf
 	cfg.Method, cfg.Tokens, cfg.Fixed = method, f.tokens, f.fixed
 	cfg.Control.Off = !f.control
 	return cfg, close, nil
+}
+
+// checkDraftVocab compares the draft's vocabulary, read alone from its
+// file (a GGUF header, an HF directory's tokenizer.json), with the
+// target's before the draft's weights load: a draft of another model
+// family is refused in milliseconds, not after a load of gigabytes. A
+// file whose vocabulary cannot be read alone (a llama2.c checkpoint) is
+// checked after loading, by spec.NewDraft.
+func checkDraftVocab(path string, target *model.Model) error {
+	if target.Tokenizer() == nil {
+		return nil
+	}
+	if st, err := os.Stat(path); err != nil || (!st.IsDir() && !gguf.IsGGUF(path)) {
+		return nil // openModel reports a missing file as it does for -m
+	}
+	dv, err := tokenizer.Load(path)
+	if err != nil {
+		return nil
+	}
+	if err := spec.CheckVocab(target.Tokenizer().Vocab(), dv.Vocab()); err != nil {
+		return fmt.Errorf("--draft %s: %w (checked from its vocabulary, before loading it)", path, err)
+	}
+	return nil
 }
 
 // genFunc generates from a tokenized prompt, calling emit per token.

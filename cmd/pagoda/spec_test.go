@@ -50,3 +50,43 @@ func TestRunSpeculative(t *testing.T) {
 		}
 	}
 }
+
+// TestSpecRefusals (issue 24, item 7): --spec-p-min outside [0, 1] and
+// --spec-tokens past the maximum are refused naming the range; a draft
+// of another vocabulary is refused from its vocabulary alone, before its
+// weights load: a vocabulary-only GGUF (no weights at all) gets the
+// vocabulary error, not a load error, as does a synthetic model.
+func TestSpecRefusals(t *testing.T) {
+	src := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	vocabOnly := testutil.Shared(t, "models/llama.cpp-vocab/ggml-vocab-llama-spm.gguf")
+	tiny := filepath.Join(t.TempDir(), "tiny.gguf")
+	if code, _, errOut := pagoda(t, "synth", "-preset", "tiny", "-o", tiny); code != 0 {
+		t.Fatalf("synth: %s", errOut)
+	}
+	base := []string{"run", "-m", src, "-p", "Once upon a time", "-n", "4", "--temp", "0"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--spec-p-min", "5", "--draft", src}, "-spec-p-min 5 is out of range: must be 0 to 1"},
+		{[]string{"--spec-p-min", "-1"}, "-spec-p-min -1 is out of range: must be 0 to 1"},
+		{[]string{"--spec-tokens", "65", "--spec", "ngram"}, "-spec-tokens 65 is out of range: must be 1 to 64"},
+		{[]string{"--draft", vocabOnly}, "differ by more than"},
+		{[]string{"--draft", vocabOnly}, "checked from its vocabulary, before loading it"},
+		{[]string{"--draft", tiny}, "checked from its vocabulary, before loading it"},
+	} {
+		code, out, errOut := pagoda(t, append(base, c.args...)...)
+		if code != 1 || out != "" || !strings.Contains(errOut, c.want) {
+			t.Errorf("%v: exit %d, stdout %q, stderr %q, want %q", c.args, code, out, errOut, c.want)
+		}
+	}
+}
+
+// TestMetricsAuthNeedsKey: --metrics-auth without a key to require is
+// refused at start, not a server that silently guards nothing.
+func TestMetricsAuthNeedsKey(t *testing.T) {
+	code, _, errOut := pagodaEnv(t, []string{"PAGODA_API_KEY="}, "serve", "--metrics-auth", "--port", "0")
+	if code != 1 || !strings.Contains(errOut, "--metrics-auth needs --api-key") {
+		t.Errorf("exit %d, %q", code, errOut)
+	}
+}
