@@ -1,4 +1,4 @@
-package model
+package model_test
 
 import (
 	"os"
@@ -6,6 +6,7 @@ import (
 	"strings"
 	"testing"
 
+	"pagoda/model"
 	"pagoda/testutil"
 )
 
@@ -29,12 +30,28 @@ func TestHFSurplusLayers(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "config.json"), []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	m, err := Open(dir, Options{Threads: 1})
+	m, err := model.Open(dir, model.Options{Threads: 1})
 	if err == nil {
 		m.Close()
 		t.Fatal("a 5-layer checkpoint loaded as 4 layers")
 	}
 	if !strings.Contains(err.Error(), "num_hidden_layers is 4 but the checkpoint has layer 4 (model.layers.4.") {
+		t.Errorf("error %v", err)
+	}
+}
+
+// TestGGUFSurplusLayers: a GGUF whose block_count is below the layers its
+// tensors hold is refused, as llama.cpp refuses it (it used to load and
+// run the first block_count layers).
+func TestGGUFSurplusLayers(t *testing.T) {
+	src := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	p := rewriteGGUF(t, src, filepath.Join(t.TempDir(), "four.gguf"), ggufEdit{set: map[string]any{"llama.block_count": uint32(4)}})
+	m, err := model.Open(p, model.Options{Threads: 1})
+	if err == nil {
+		m.Close()
+		t.Fatal("a 5-layer file loaded as 4 layers")
+	}
+	if !strings.Contains(err.Error(), "block_count is 4 but the file has a tensor of layer 4 (blk.4.") {
 		t.Errorf("error %v", err)
 	}
 }

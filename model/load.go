@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"strconv"
 	"strings"
 
 	archpkg "pagoda/arch"
@@ -81,6 +82,9 @@ func open(path string, o Options) (*Model, error) {
 		closer = f
 		cfg, err = configFromGGUF(f)
 		if err == nil {
+			err = checkGGUFLayers(f, cfg.NLayer)
+		}
+		if err == nil {
 			src = ggufSource{f}
 			if o.Tokenizer == "" {
 				tok, err = tokenizer.FromGGUF(f)
@@ -130,6 +134,20 @@ func open(path string, o Options) (*Model, error) {
 }
 
 // --- GGUF ---
+
+// checkGGUFLayers refuses a file holding tensors of a layer at or past
+// its block_count, as llama.cpp does: the layers are bound by name, so the
+// surplus would be dropped without a word and a truncated model run.
+func checkGGUFLayers(f *gguf.File, n int) error {
+	for _, t := range f.Tensors {
+		if l, _, ok := archpkg.SplitLayer(t.Name, "blk."); ok {
+			if v, err := strconv.Atoi(l); err == nil && v >= n {
+				return fmt.Errorf("block_count is %d but the file has a tensor of layer %d (%s)", n, v, t.Name)
+			}
+		}
+	}
+	return nil
+}
 
 type ggufSource struct{ f *gguf.File }
 
