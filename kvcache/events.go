@@ -110,11 +110,11 @@ func (l *EventLog) removed(h uint64) {
 }
 
 // Flush publishes the events since the last Flush as one batch stamped
-// now; with none it does nothing. Call it from the goroutine that owns
+// with the time; with none it does nothing. Call it from the goroutine that owns
 // the cache, between steps. It never waits for readers beyond the copy
 // one of them may be making, and allocates nothing once the ring is full
 // and nobody waits.
-func (l *EventLog) Flush(now time.Time) {
+func (l *EventLog) Flush() {
 	if len(l.pending) == 0 {
 		return
 	}
@@ -128,7 +128,7 @@ func (l *EventLog) Flush(now time.Time) {
 	// The overwritten batch's slice becomes the next pending one: readers
 	// only ever hold copies.
 	old := l.ring[i].Events
-	l.ring[i] = EventBatch{Seq: l.next, Time: now, Events: l.pending}
+	l.ring[i] = EventBatch{Seq: l.next, Time: time.Now(), Events: l.pending}
 	l.next++
 	clear(old)
 	l.pending = old[:0]

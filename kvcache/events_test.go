@@ -163,12 +163,12 @@ func mixedWorkload(t *testing.T, c *Cache, log *EventLog, steps int) {
 			c.Commit(id, toks, len(toks), 0)
 			live[id] = toks
 		}
-		log.Flush(time.Now())
+		log.Flush()
 	}
 	for id := range live {
 		c.Free(id)
 	}
-	log.Flush(time.Now())
+	log.Flush()
 }
 
 func mapKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
@@ -249,12 +249,11 @@ func TestEventsReplayMatchesPool(t *testing.T) {
 func TestEventsRing(t *testing.T) {
 	log := NewEventLog(2)
 	log.attach(4)
-	now := time.Unix(100, 0)
 	for i := range 5 {
 		log.removed(uint64(i))
-		log.Flush(now)
+		log.Flush()
 	}
-	log.Flush(now) // nothing pending: no batch
+	log.Flush() // nothing pending: no batch
 	if log.Next() != 5 {
 		t.Fatalf("next %d, want 5", log.Next())
 	}
@@ -279,7 +278,7 @@ func TestEventsRing(t *testing.T) {
 	default:
 	}
 	log.stored(7, 6, true, []int32{1, 2, 3, 4})
-	log.Flush(now)
+	log.Flush()
 	select {
 	case <-wake:
 	case <-time.After(5 * time.Second):
