@@ -108,6 +108,12 @@ func BenchmarkPrefixCycle(b *testing.B) {
 	benchPrefixCycle(b, Config{})
 }
 
+// BenchmarkPrefixCycleEvents is BenchmarkPrefixCycle recording KV events
+// that nobody reads, flushed once per request (serve's default ring).
+func BenchmarkPrefixCycleEvents(b *testing.B) {
+	benchPrefixCycle(b, Config{Events: NewEventLog(DefaultEventBatches)})
+}
+
 func benchPrefixCycle(b *testing.B, base Config) {
 	const bs, prompt, decode = 16, 128, 32
 	cfg := base
@@ -145,5 +151,8 @@ func benchPrefixCycle(b *testing.B, base Config) {
 			c.Commit(seq, toks, len(toks), 0)
 		}
 		c.Free(seq)
+		if cfg.Events != nil {
+			cfg.Events.Flush()
+		}
 	}
 }
