@@ -60,12 +60,15 @@ func storiesBlockHashes(t *testing.T) map[string][]uint64 {
 		if _, err := e.Blocks(context.Background()); err != nil {
 			t.Fatal(err)
 		}
-		batches, _ := log.Read(from, nil)
-		for _, b := range batches {
-			for _, ev := range b.Events {
-				if ev.Kind == kvcache.BlockStored {
-					out[c.name] = append(out[c.name], ev.Hash)
+		for from < log.Next() {
+			batches, _ := log.Read(from, nil)
+			for _, b := range batches {
+				for _, ev := range b.Events {
+					if ev.Kind == kvcache.BlockStored {
+						out[c.name] = append(out[c.name], ev.Hash)
+					}
 				}
+				from = b.Seq + 1
 			}
 		}
 	}

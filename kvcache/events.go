@@ -139,9 +139,14 @@ func (l *EventLog) Flush() {
 	l.mu.Unlock()
 }
 
-// Read appends to dst copies of the kept batches numbered from on, and
-// returns them. When there are none yet it also returns a channel that is
-// closed when the next batch is published. The first batch returned is
+// readMax bounds the batches one Read copies, so a reader replaying the
+// whole ring holds the lock a Flush may wait for only briefly.
+const readMax = 64
+
+// Read appends to dst copies of the kept batches numbered from on (at
+// most readMax of them: call again from after the last), and returns
+// them. When there are none yet it also returns a channel that is closed
+// when the next batch is published. The first batch returned is
 // numbered above from when the batches between were overwritten (the
 // reader lost them); from beyond the next number (a reader that followed
 // an earlier process) reads from the oldest kept.
@@ -158,7 +163,7 @@ func (l *EventLog) Read(from uint64, dst []EventBatch) ([]EventBatch, <-chan str
 		}
 		return dst, l.wake
 	}
-	for s := from; s < l.next; s++ {
+	for s := from; s < l.next && s < from+readMax; s++ {
 		b := l.ring[(l.head+int(s-oldest))%len(l.ring)]
 		b.Events = append([]BlockEvent(nil), b.Events...)
 		dst = append(dst, b)

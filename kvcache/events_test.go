@@ -219,8 +219,16 @@ func TestEventsReplayMatchesPool(t *testing.T) {
 	followed := <-read
 
 	idx, next := map[uint64]bool{}, uint64(0)
-	batches, _ := log.Read(0, nil)
-	replay(t, idx, &next, c.BlockSize(), batches)
+	for {
+		batches, _ := log.Read(next, nil)
+		if len(batches) == 0 {
+			break
+		}
+		if len(batches) > readMax {
+			t.Fatalf("one read copied %d batches", len(batches))
+		}
+		replay(t, idx, &next, c.BlockSize(), batches)
+	}
 	want := c.Pool().Hashes(nil)
 	if len(idx) != len(want) {
 		t.Fatalf("replayed index holds %d hashes, the pool %d", len(idx), len(want))

@@ -103,7 +103,7 @@ func (a kvEventsAPI) handleKVEvents(w http.ResponseWriter, r *http.Request) {
 	log := a.o.KVEvents
 	if log == nil {
 		writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
-			Message: "this server publishes no KV events (prefix caching is off)"})
+			Message: "this server publishes no KV events (it runs with --kv-events 0 or --no-prefix-cache)"})
 		return
 	}
 	q := r.URL.Query()
