@@ -238,3 +238,50 @@ func kvEventsWorkload(t *testing.T, ctx context.Context, ts *httptest.Server, en
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestKVEventsWire: a batch goes out in vLLM's shape, a chain of stored
+// blocks as one BlockStored (token ids end to end, the first block's
+// parent, null for a sequence's first), a run of removals as one
+// BlockRemoved; a server without an event log answers 404 and bad
+// parameters 400.
+func TestKVEventsWire(t *testing.T) {
+	tok := func(n int32) []int32 { return []int32{n, n + 1} }
+	b := kvcache.EventBatch{Seq: 3, Time: time.Unix(1700000000, 500000000), Events: []kvcache.BlockEvent{
+		{Kind: kvcache.AllBlocksCleared},
+		{Kind: kvcache.BlockStored, Hash: 11, Tokens: tok(1)},
+		{Kind: kvcache.BlockStored, Hash: 12, Parent: 11, HasParent: true, Tokens: tok(3)},
+		{Kind: kvcache.BlockStored, Hash: 21, Parent: 20, HasParent: true, Tokens: tok(5)},
+		{Kind: kvcache.BlockRemoved, Hash: 11},
+		{Kind: kvcache.BlockRemoved, Hash: 18446744073709551615},
+		{Kind: kvcache.BlockStored, Hash: 13, Parent: 12, HasParent: true, Tokens: tok(7)},
+	}}
+	got, err := json.Marshal(kvBatchWire(b, 2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `{"seq":3,"ts":1700000000.5,"events":[{"type":"AllBlocksCleared"},` +
+		`{"type":"BlockStored","block_hashes":[11,12],"parent_block_hash":null,"token_ids":[1,2,3,4],"block_size":2,"lora_id":null,"medium":"CPU"},` +
+		`{"type":"BlockStored","block_hashes":[21],"parent_block_hash":20,"token_ids":[5,6],"block_size":2,"lora_id":null,"medium":"CPU"},` +
+		`{"type":"BlockRemoved","block_hashes":[11,18446744073709551615],"medium":"CPU"},` +
+		`{"type":"BlockStored","block_hashes":[13],"parent_block_hash":12,"token_ids":[7,8],"block_size":2,"lora_id":null,"medium":"CPU"}]}`
+	if string(got) != want {
+		t.Fatalf("wire batch\n got %s\nwant %s", got, want)
+	}
+	if b.Events[1].Tokens[0] != 1 || len(b.Events[1].Tokens) != 2 {
+		t.Fatal("encoding a chain wrote into the pool's token slices")
+	}
+
+	ts := startServer(t, newFake(), Options{})
+	if resp, body := get(t, ts, "/v1/kv_events"); resp.StatusCode != 404 {
+		t.Fatalf("no event log: %d %s", resp.StatusCode, body)
+	}
+	ts = startServer(t, newFake(), Options{KVEvents: kvcache.NewEventLog(4)})
+	for _, q := range []string{"since=-1", "since=x", "stream=maybe"} {
+		if resp, body := get(t, ts, "/v1/kv_events?"+q); resp.StatusCode != 400 {
+			t.Fatalf("%s: %d %s", q, resp.StatusCode, body)
+		}
+	}
+	if resp, body := get(t, ts, "/v1/kv_events?stream=false"); resp.StatusCode != 200 || len(body) != 0 {
+		t.Fatalf("nothing kept: %d %q", resp.StatusCode, body)
+	}
+}
