@@ -46,7 +46,11 @@ type Config struct {
 	// real bytes, so a quantized cache holds more tokens in it.
 	KVFormatK, KVFormatV kvcache.Format
 	DisablePrefixCache   bool
-	CacheSalt            uint64 // extra prefix-hash key: engines sharing nothing should differ
+	// KVEvents, when set, receives the blocks that enter and leave the
+	// prefix cache, a batch per step (kvcache.EventLog; a log serves one
+	// engine).
+	KVEvents  *kvcache.EventLog
+	CacheSalt uint64 // extra prefix-hash key: engines sharing nothing should differ
 	// SlidingWindow is the model's attention window (model.Config's
 	// SlidingWindow; 0 = full attention). With it, KV blocks that have
 	// slid out of the window are released while a sequence runs, so one
@@ -261,7 +265,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
 		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
 		DType: cfg.KVDType, KFormat: cfg.KVFormatK, VFormat: cfg.KVFormatV, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
-		Policy: cfg.KVPolicy, Rope: cfg.KVRope,
+		Policy: cfg.KVPolicy, Rope: cfg.KVRope, Events: cfg.KVEvents,
 	}
 	if cfg.KVLatent {
 		layers := make([]int, cfg.NLayer)
@@ -675,6 +679,9 @@ func (e *Engine) cancelAll() {
 }
 
 func (e *Engine) publish() {
+	if l := e.cfg.KVEvents; l != nil {
+		l.Flush() // the step's block events, one batch
+	}
 	st := e.st
 	reqs := map[*request]bool{}
 	for _, s := range e.sch.running {

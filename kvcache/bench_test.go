@@ -97,3 +97,62 @@ func BenchmarkAttendPrefill(b *testing.B) {
 	}
 	b.ReportMetric(float64(b.N)*ctx*(ctx+1)/2/b.Elapsed().Seconds(), "pos/s")
 }
+
+// BenchmarkPrefixCycle is the prefix cache's bookkeeping alone (a
+// one-float cache, so no K/V work): each op admits one request of 128
+// prompt tokens from 16 prompts that share their first two blocks,
+// looks it up, prefills it, decodes 32 tokens one Commit at a time and
+// frees it, in a pool too small for every prompt, so hits and evictions
+// both happen.
+func BenchmarkPrefixCycle(b *testing.B) {
+	benchPrefixCycle(b, Config{})
+}
+
+// BenchmarkPrefixCycleEvents is BenchmarkPrefixCycle recording KV events
+// that nobody reads, flushed once per request (serve's default ring).
+func BenchmarkPrefixCycleEvents(b *testing.B) {
+	benchPrefixCycle(b, Config{Events: NewEventLog(DefaultEventBatches)})
+}
+
+func benchPrefixCycle(b *testing.B, base Config) {
+	const bs, prompt, decode = 16, 128, 32
+	cfg := base
+	cfg.NLayer, cfg.NKVHead, cfg.HeadDim, cfg.BlockSize, cfg.NumBlocks, cfg.DType, cfg.PrefixCache = 1, 1, 1, bs, 48, F32, true
+	c, err := New(cfg)
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompts := make([][]int32, 16)
+	for i := range prompts {
+		p := make([]int32, prompt, prompt+decode)
+		for j := range p {
+			p[j] = int32(j)
+			if j >= 2*bs {
+				p[j] = int32(1000*i + j)
+			}
+		}
+		prompts[i] = p
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		seq := int32(i)
+		toks := prompts[i%len(prompts)][:prompt]
+		hit := c.LookupSeq(seq, toks, 0)
+		if !c.Allocate(seq, hit, len(hit)*bs, prompt) {
+			b.Fatal("allocate")
+		}
+		c.Commit(seq, toks, prompt, 0)
+		for j := 0; j < decode; j++ {
+			toks = append(toks, int32(7*j+1))
+			if !c.Allocate(seq, nil, len(toks)-1, len(toks)) {
+				b.Fatal("allocate")
+			}
+			c.Commit(seq, toks, len(toks), 0)
+		}
+		c.Free(seq)
+		if cfg.Events != nil {
+			cfg.Events.Flush()
+		}
+	}
+}

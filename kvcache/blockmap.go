@@ -17,6 +17,10 @@ type BlockMap struct {
 	BlockSize int
 	State     []BlockState
 	Owner     []int32
+	// Hashes are the chain hashes of the blocks in the prefix cache (the
+	// BlockCached and BlockShared ones, in block order): what the KV
+	// events say this cache holds.
+	Hashes []uint64
 }
 
 // Blocks copies the block states, reusing m's slices. It costs O(blocks +
@@ -26,6 +30,7 @@ func (c *Cache) Blocks(m *BlockMap) {
 	m.BlockSize = c.bs
 	m.State = resize(m.State, n)
 	m.Owner = resize(m.Owner, n)
+	m.Hashes = c.pool.Hashes(m.Hashes[:0])
 	for i := range c.pool.blocks {
 		b := &c.pool.blocks[i]
 		switch {

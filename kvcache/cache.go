@@ -85,6 +85,10 @@ type Config struct {
 	// Ops computes the attention (nil: kernels.Best()); kernels.Generic()
 	// keeps a reference run in plain Go through the cache too.
 	Ops *kernels.Ops
+	// Events, when set, records the blocks that enter and leave the
+	// prefix cache (events.go); the cache's owner flushes it each step.
+	// A log serves one cache.
+	Events *EventLog
 }
 
 // BlockBytes is the storage of one block over all layers, K and V.
@@ -210,6 +214,13 @@ func newCache(cfg Config, storage bool) (*Cache, error) {
 		}
 	}
 	c.initSeqPolicies()
+	if l := cfg.Events; l != nil {
+		if l.BlockSize() != 0 {
+			return nil, fmt.Errorf("kvcache: the event log already serves another cache")
+		}
+		l.attach(cfg.BlockSize)
+		c.pool.events = l
+	}
 	return c, nil
 }
 
@@ -520,7 +531,7 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 			// A block released before it was registered (a prefix hit
 			// beyond the window) still extends the chain.
 			if id := t.blocks[i]; id != released {
-				c.pool.register(id, h, blk, x)
+				c.pool.register(id, h, parent, i > 0, blk, x)
 			}
 		}
 	}

@@ -104,7 +104,7 @@ func TestPrefixCacheHitAndTokenCheck(t *testing.T) {
 	// another block's tokens produce.
 	p := c.Pool()
 	h := BlockHash(0, []int32{9, 9, 9, 9}, 0)
-	p.register(c.Table(1)[2], h, []int32{1, 1, 1, 1}, 0)
+	p.register(c.Table(1)[2], h, 0, false, []int32{1, 1, 1, 1}, 0)
 	if _, ok := p.lookup(h, []int32{9, 9, 9, 9}, 0); ok {
 		t.Fatal("lookup trusted the hash over the token ids")
 	}

@@ -47,3 +47,19 @@ func SaltKey(extra uint64, salt string) uint64 {
 	h = (h ^ uint64(len(salt))) * prime
 	return mix(h ^ 0x5a17)
 }
+
+// namespace is the hash namespace of the blocks a policy configured as
+// key computes over less than the full history. It is a fixed function of
+// the key, not of a per-process seed, so replicas and restarts agree on
+// block hashes (a prefix-aware router compares them across processes).
+// Odd, so it is never 0, which means "no namespace".
+func namespace(key string) uint64 {
+	const prime = 0x100000001b3
+	h := uint64(0xcbf29ce484222325)
+	for i := 0; i < len(key); i++ {
+		h = (h ^ uint64(key[i])) * prime
+	}
+	// The constant keeps a namespace off SaltKey's values for a salt that
+	// happens to spell the key.
+	return mix(h^0x9a7e5) | 1
+}

@@ -40,6 +40,8 @@ type Pool struct {
 	// tokens too).
 	Queries, Hits uint64
 	Evictions     uint64
+
+	events *EventLog // nil: nobody listens
 }
 
 // NewPool makes n free blocks.
@@ -131,6 +133,9 @@ func (p *Pool) uncache(id int32) {
 	if p.cached[b.hash] == id {
 		delete(p.cached, b.hash)
 	}
+	if p.events != nil {
+		p.events.removed(b.hash)
+	}
 	b.hashed, b.hash, b.extra, b.tokens = false, 0, 0, nil
 	p.Evictions++
 }
@@ -169,9 +174,10 @@ func (p *Pool) release(id int32) {
 }
 
 // register records that block id holds the full-block content tokens whose
-// chain hash is h. When another block already holds the same content the
-// first one stays the canonical copy.
-func (p *Pool) register(id int32, h uint64, tokens []int32, extra uint64) {
+// chain hash is h, following the block hashed parent when hasParent. When
+// another block already holds the same content the first one stays the
+// canonical copy.
+func (p *Pool) register(id int32, h, parent uint64, hasParent bool, tokens []int32, extra uint64) {
 	b := &p.blocks[id]
 	if b.hashed {
 		return
@@ -182,6 +188,20 @@ func (p *Pool) register(id int32, h uint64, tokens []int32, extra uint64) {
 	b.hashed, b.hash, b.extra = true, h, extra
 	b.tokens = append([]int32(nil), tokens...)
 	p.cached[h] = id
+	if p.events != nil {
+		p.events.stored(h, parent, hasParent, b.tokens)
+	}
+}
+
+// Hashes appends the chain hashes of the blocks registered in the prefix
+// cache, in block order: what a replica holds, as its KV events tell it.
+func (p *Pool) Hashes(dst []uint64) []uint64 {
+	for i := range p.blocks {
+		if p.blocks[i].hashed {
+			dst = append(dst, p.blocks[i].hash)
+		}
+	}
+	return dst
 }
 
 // lookup finds the block caching content tokens under chain hash h,

@@ -2,7 +2,6 @@ package kvcache
 
 import (
 	"fmt"
-	"hash/maphash"
 	"math"
 	"strings"
 )
@@ -63,9 +62,11 @@ func (p StreamingPolicy) exactBelow() int {
 	return p.Sinks + p.Window
 }
 
-var nsSeed = maphash.MakeSeed()
-
 // policyKey names p for sharing attached instances: its configuration.
+// It is also what a position-driven policy's hash namespace is derived
+// from (namespace), so it must be canonical: equal settings give equal
+// keys in every process, and every setting that changes what a block
+// holds is in it (StreamingPolicy's String names all its fields).
 func policyKey(p Policy) string {
 	if s, ok := p.(fmt.Stringer); ok {
 		return fmt.Sprintf("%T:%s", p, s)
@@ -180,7 +181,7 @@ func (c *Cache) initSeqPolicies() {
 		c.defaultExact = math.MaxInt
 		if e, ok := g.Policy.(exacter); ok {
 			c.defaultExact = e.exactBelow()
-			c.defaultNS = maphash.String(nsSeed, c.defaultKey) | 1
+			c.defaultNS = namespace(c.defaultKey)
 		}
 		return
 	}
@@ -213,7 +214,7 @@ func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
 	}
 	if e, ok := p.(exacter); ok {
 		sp.exact = e.exactBelow()
-		sp.ns = maphash.String(nsSeed, key) | 1
+		sp.ns = namespace(key)
 	}
 	if c.policies == nil {
 		c.policies = map[string]*seqPolicy{}

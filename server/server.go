@@ -24,6 +24,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"pagoda/grammar"
+	"pagoda/kvcache"
 )
 
 // Options configure a Server. The zero value is usable.
@@ -101,6 +102,9 @@ type Options struct {
 	// Embedder serves /v1/embeddings, /api/embed and /api/embeddings
 	// (server/embed.go). nil: they answer 400.
 	Embedder Embedder
+	// KVEvents is the engine's KV event log (engine.Config.KVEvents),
+	// streamed at GET /v1/kv_events (server/kvevents.go). nil: 404.
+	KVEvents *kvcache.EventLog
 }
 
 // Server serves the OpenAI-compatible API over a Backend.
@@ -165,6 +169,7 @@ func New(b Backend, o Options) *Server {
 	embedAPI{s}.registerEmbed(m)
 	ollamaAPI{s}.registerOllama(m)
 	anthropicAPI{s}.registerAnthropic(m)
+	kvEventsAPI{s}.registerKVEvents(m)
 	m.HandleFunc("/", s.noRoute)
 	s.mux = m
 	return s
@@ -496,7 +501,7 @@ func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter 
 func metricPath(p string) string {
 	switch p {
 	case "/v1/completions", "/v1/chat/completions", "/v1/models", "/tokenize", "/detokenize",
-		"/health", "/version", "/metrics", "/api/engine", "/":
+		"/health", "/version", "/metrics", "/api/engine", "/v1/kv_events", "/":
 		return p
 	}
 	if strings.HasPrefix(p, "/static/") {
@@ -558,4 +563,5 @@ type (
 	tokenizeAPI  struct{ *Server }
 	webAPI       struct{ *Server }
 	modelsAPI    struct{ *Server }
+	kvEventsAPI  struct{ *Server }
 )

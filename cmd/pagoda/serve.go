@@ -145,6 +145,7 @@ func runServe(args []string) error {
 	maxWaiting := fs.Int("max-waiting", 1024, "queued requests before 429")
 	static := fs.Bool("static-batching", false, "static batching baseline (a batch starts and finishes together)")
 	noPrefix := fs.Bool("no-prefix-cache", false, "disable prefix caching")
+	kvEvents := fs.Int("kv-events", kvcache.DefaultEventBatches, "KV-event batches (one per engine step that changed the prefix cache) kept for GET /v1/kv_events?since= replay; 0 = publish no KV events")
 	kvPolicy := fs.String("kv-policy", "", kvPolicyHelp)
 	chatTmpl := fs.String("chat-template", "", "file with a Jinja chat template overriding the model's")
 	grace := fs.Duration("grace", 30*time.Second, "on SIGTERM, how long in-flight requests may finish (a second signal cuts it short)")
@@ -279,13 +280,20 @@ func runServe(args []string) error {
 			budget -= resid
 		}
 	}
+	if *kvEvents < 0 {
+		return fmt.Errorf("--kv-events %d is negative", *kvEvents)
+	}
+	var kvLog *kvcache.EventLog
+	if *kvEvents > 0 && !*noPrefix {
+		kvLog = kvcache.NewEventLog(*kvEvents)
+	}
 	reg := prometheus.NewRegistry()
 	eng, err := engine.New(m, tok, engine.Config{
 		ModelName: *name, NLayer: c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen),
+		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), KVEvents: kvLog,
 	})
 	if err != nil {
 		return err
@@ -303,7 +311,7 @@ func runServe(args []string) error {
 	}
 	backend.SetModelInfo(modelInfo(m, *modelPath, budget))
 	so := server.Options{APIKey: *apiKey, MetricsAuth: *metricsAuth, ServedNames: aliases, Version: version(), Registry: reg, MaxWaiting: *maxWaiting,
-		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng}
+		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng, KVEvents: kvLog}
 	if emb := grp.embedder(m); emb != nil {
 		defer emb.Close()
 		so.Embedder = emb
