@@ -19,13 +19,17 @@ import (
 
 // hello is the first message on a connection.
 type hello struct {
-	Kind string `json:"kind"` // "coordinator" or "peer"
+	// Kind: "coordinator" (a tensor-parallel rank), "stage" (a pipeline
+	// stage) or "peer" (another rank's mesh connection, or the previous
+	// stage's).
+	Kind string `json:"kind"`
 	// Session names one group's lifetime, so a rank never joins a mesh of
 	// an earlier group by a late connection.
 	Session string `json:"session"`
 	Rank    int    `json:"rank"`
 	Ranks   int    `json:"ranks,omitempty"`
-	// Peers are the workers' addresses by rank, for the mesh.
+	// Peers are the workers' addresses by rank (by stage), for the mesh
+	// (for the link to the next stage).
 	Peers   []string `json:"peers,omitempty"`
 	Threads int      `json:"threads,omitempty"`
 	Context int      `json:"context,omitempty"`
@@ -34,6 +38,8 @@ type hello struct {
 	// Logits: this rank returns the step's logits (one rank does; the
 	// others' are the same numbers and are not sent).
 	Logits bool `json:"logits,omitempty"`
+	// Layers is a pipeline stage's range of layers [lo, hi).
+	Layers *[2]int `json:"layers,omitempty"`
 }
 
 // reply is a worker's answer to the coordinator's hello.
@@ -83,14 +89,14 @@ type kvSpec struct {
 // policy other than the plain one (or a sliding window) lives in the
 // manager and the storage together; the split storage does not carry one
 // yet.
-func specOf(c kvcache.Config) (*kvSpec, error) {
+func specOf(c kvcache.Config, what string) (*kvSpec, error) {
 	if c.Policy != nil {
 		if _, ok := c.Policy.(kvcache.WindowPolicy); !ok || c.Window == 0 {
-			return nil, fmt.Errorf("tensor parallel: the KV policy %s is not supported across workers yet", c.Policy)
+			return nil, fmt.Errorf("%s: the KV policy %s is not supported across workers yet", what, c.Policy)
 		}
 	}
 	if len(c.Groups) > 0 {
-		return nil, fmt.Errorf("tensor parallel: KV cache groups (latent or per-layer formats) are not supported across workers yet")
+		return nil, fmt.Errorf("%s: KV cache groups (latent or per-layer formats) are not supported across workers yet", what)
 	}
 	s := &kvSpec{BlockSize: c.BlockSize, NumBlocks: c.NumBlocks, DType: c.DType.String(), Window: c.Window}
 	if c.KFormat != nil {
@@ -102,8 +108,9 @@ func specOf(c kvcache.Config) (*kvSpec, error) {
 	return s, nil
 }
 
-// config is the worker's KV storage configuration for its shard c.
-func (s *kvSpec) config(c *model.Config) (kvcache.Config, error) {
+// config is the worker's KV storage configuration for its shard c,
+// holding layers layers (a pipeline stage's, or all).
+func (s *kvSpec) config(c *model.Config, layers int) (kvcache.Config, error) {
 	if s.NumBlocks <= 0 || s.NumBlocks > 1<<26 || s.BlockSize < 0 || s.BlockSize > 1<<16 {
 		return kvcache.Config{}, fmt.Errorf("KV storage of %d blocks of %d tokens", s.NumBlocks, s.BlockSize)
 	}
@@ -112,7 +119,7 @@ func (s *kvSpec) config(c *model.Config) (kvcache.Config, error) {
 		return kvcache.Config{}, err
 	}
 	nkv, hd, _ := c.KVShape()
-	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window}
+	kc := kvcache.Config{NLayer: layers, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window}
 	if s.KFormat != "" {
 		if kc.KFormat, err = kvcache.ParseFormat(s.KFormat); err != nil {
 			return kvcache.Config{}, err

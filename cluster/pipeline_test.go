@@ -1,0 +1,281 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pagoda/engine"
+	"pagoda/executor"
+	"pagoda/kvcache"
+	"pagoda/model"
+	"pagoda/quant"
+	"pagoda/synth"
+	"pagoda/testutil"
+	"pagoda/tokenizer"
+)
+
+// ppEngine is an engine whose steps run through a pipeline of the
+// workers at addrs, each step cut into micro micro-batches, with the
+// coordinator holding only the first layer for its shapes and tokenizer.
+func ppEngine(t *testing.T, path string, addrs []string, micro, blocks int) (*engine.Engine, *Pipeline) {
+	t.Helper()
+	coord, err := OpenStageShape(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { coord.Close() })
+	cfg := engine.ModelConfig(coord, "pp")
+	cfg.KVBlocks = blocks
+	var p *Pipeline
+	cfg.Executor = func(kc kvcache.Config) (executor.Executor, error) {
+		var err error
+		p, err = ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
+		return p, err
+	}
+	eng, err := engine.New(nil, coord.Tokenizer(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start()
+	t.Cleanup(func() {
+		eng.Stop(context.Background())
+		p.Close()
+	})
+	return eng, p
+}
+
+// TestPipelineEngine: the golden llamas cut into 2 and 3 stages on
+// workers over TCP, several sequences in one continuous batch through
+// the coordinator's paged KV manager, steps whole or in micro-batches,
+// give the single-process engine's greedy tokens and log-probabilities
+// exactly: each layer runs the same arithmetic, in another process.
+// (MQA, which tensor parallelism refuses, splits by layers.)
+func TestPipelineEngine(t *testing.T) {
+	dir := testutil.Shared(t, "golden/models")
+	for _, c := range []struct {
+		file          string
+		stages, micro int
+	}{
+		{"g-llama3-ropefreqs.F32.gguf", 2, 1},
+		{"g-llama3-ropefreqs.F32.gguf", 2, 3},
+		{"g-llama-mqa.F16.gguf", 3, 2},
+	} {
+		t.Run(fmt.Sprintf("%s/%dstages/%dmicro", c.file, c.stages, c.micro), func(t *testing.T) {
+			path := filepath.Join(dir, c.file)
+			whole, err := model.Open(path, model.Options{Threads: 1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer whole.Close()
+			wcfg := engine.ModelConfig(whole, "whole")
+			wcfg.KVBlocks = 64
+			ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ref.Start()
+			defer ref.Stop(context.Background())
+			pp, pl := ppEngine(t, path, startWorkers(t, path, c.stages), c.micro, 64)
+
+			tok := whole.Tokenizer()
+			prompts := []string{"Once upon a time", "The little dog ran to the park and", "Lily"}
+			want := make([]generated, len(prompts))
+			got := make([]generated, len(prompts))
+			var wg sync.WaitGroup
+			for i, p := range prompts {
+				ids := tok.Encode(p, tokenizer.Options{AddSpecial: true})
+				want[i] = generate(t, ref, ids, 24)
+				wg.Go(func() { got[i] = generate(t, pp, ids, 24) })
+			}
+			wg.Wait()
+			for i := range prompts {
+				if fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
+					t.Fatalf("%q: tokens %v, want %v", prompts[i], got[i].tokens, want[i].tokens)
+				}
+				for j := range want[i].top {
+					if fmt.Sprint(got[i].top[j]) != fmt.Sprint(want[i].top[j]) {
+						t.Fatalf("%q token %d: top log-probabilities %v, want %v", prompts[i], j, got[i].top[j], want[i].top[j])
+					}
+				}
+			}
+			st := pl.Stats()
+			t.Logf("%d steps in %d micro-batches: tokens and log-probabilities identical; bubble %.2f", st.Steps, st.MicroBatches, st.Bubble())
+		})
+	}
+}
+
+// TestPipelineRefusals: more stages than layers, a stage with another
+// model file, and a step a stage fails are errors naming the stage and
+// the reason; a failed step breaks the pipeline (later steps get the same
+// error, nothing waits), and the workers serve the next pipeline.
+func TestPipelineRefusals(t *testing.T) {
+	dir := testutil.Shared(t, "golden/models")
+	path := filepath.Join(dir, "g-llama3-ropefreqs.F32.gguf")
+	coord, err := OpenStageShape(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	c := &coord.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 16}
+	o := PipelineOptions{Model: c, KV: kc, Threads: 1, Timeout: time.Minute}
+	if _, err := ConnectPipeline(startWorkers(t, path, 3), o); err == nil || !strings.Contains(err.Error(), "3 stages for a model of 2 layers") {
+		t.Errorf("3 stages of 2 layers: %v", err)
+	}
+	mixed := append(startWorkers(t, path, 1), startWorkers(t, filepath.Join(dir, "g-llama-mqa.F16.gguf"), 1)...)
+	if _, err := ConnectPipeline(mixed, o); err == nil || !strings.Contains(err.Error(), "stage 1") || !strings.Contains(err.Error(), "is not the coordinator's") {
+		t.Errorf("another model on stage 1: %v", err)
+	}
+	good := startWorkers(t, path, 2)
+	p, err := ConnectPipeline(good, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	mgr, err := kvcache.NewManager(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !mgr.Allocate(0, nil, 0, 2) {
+		t.Fatal("no room")
+	}
+	bad := &executor.StepInput{Tokens: []int32{1, int32(c.VocabSize)}, Pos: []int32{0, 1}, Seq: []int32{0, 0}, KV: new(model.KVPlan)}
+	if err := mgr.Plan(bad.Pos, bad.Seq, bad.KV); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := p.Execute(bad); done <- err }()
+	select {
+	case err := <-done:
+		if err == nil || !strings.Contains(err.Error(), "stage 0") || !strings.Contains(err.Error(), "out of range") {
+			t.Errorf("a token out of range: %v", err)
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("a failing step hung the pipeline")
+	}
+	bad.Tokens[1] = 5
+	if _, err := p.Execute(bad); err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Errorf("after a failed step: %v", err)
+	}
+	p.Close()
+	p, err = ConnectPipeline(good, o)
+	if err != nil {
+		t.Fatalf("the workers after a broken pipeline: %v", err)
+	}
+	p.Close()
+}
+
+// bubbleWorkload drives a pipeline the way the engine would, without it:
+// a KV manager on this side plans a prefill of seqs prompts of plen tokens
+// in one step, then decode steps of all of them, and the logits of every
+// step come back.
+func bubbleWorkload(t *testing.T, ex executor.Executor, kc kvcache.Config, vocab, seqs, plen, decode int) [][]float32 {
+	t.Helper()
+	mgr, err := kvcache.NewManager(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out [][]float32
+	step := func(in *executor.StepInput) {
+		in.KV = new(model.KVPlan)
+		for i, s := range in.Seq {
+			if !mgr.Allocate(s, nil, 0, int(in.Pos[i])+1) {
+				t.Fatal("no room")
+			}
+		}
+		if err := mgr.Plan(in.Pos, in.Seq, in.KV); err != nil {
+			t.Fatal(err)
+		}
+		o, err := ex.Execute(in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out = append(out, append([]float32(nil), o.Logits...))
+	}
+	var pre executor.StepInput
+	for s := range seqs {
+		for p := range plen {
+			pre.Tokens = append(pre.Tokens, int32((s*131+p*17)%vocab))
+			pre.Pos = append(pre.Pos, int32(p))
+			pre.Seq = append(pre.Seq, int32(s))
+			pre.Logits = append(pre.Logits, p == plen-1)
+		}
+	}
+	step(&pre)
+	for d := range decode {
+		var in executor.StepInput
+		for s := range seqs {
+			in.Tokens = append(in.Tokens, int32((s*7+d*3)%vocab))
+			in.Pos = append(in.Pos, int32(plen+d))
+			in.Seq = append(in.Seq, int32(s))
+			in.Logits = append(in.Logits, true)
+		}
+		step(&in)
+	}
+	return out
+}
+
+// TestPipelineBubble measures the bubble fraction — the share of the
+// stages' time spent idle — of a synthetic 4-layer llama in 2 and 4
+// stages (one thread each, workers over loopback TCP), with each step
+// whole and in micro-batches, and checks the logits do not depend on the
+// micro-batching. The numbers are logged (they depend on the machine's
+// free cores): without micro-batches only one stage computes at a time,
+// so the bubble is near 1 − 1/stages; with k micro-batches GPipe's
+// schedule bounds it by (stages−1)/(k+stages−1).
+func TestPipelineBubble(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a timing measurement")
+	}
+	path := filepath.Join(t.TempDir(), "pp.gguf")
+	shape := synth.Shape{Arch: "llama", Layers: 4, Dim: 512, Heads: 8, KVHeads: 8, HeadDim: 64, FFN: 1536, Vocab: 512, Context: 1024, RopeTheta: 10000, RMSEps: 1e-5}
+	if err := synth.Write(path, synth.Options{Shape: shape, Type: quant.Q8_0, Seed: 1}); err != nil {
+		t.Fatal(err)
+	}
+	coord, err := OpenStageShape(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	c := &coord.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 256}
+	var want [][]float32
+	for _, stages := range []int{2, 4} {
+		addrs := startWorkers(t, path, stages)
+		for _, micro := range []int{1, 2, 4, 8} {
+			p, err := ConnectPipeline(addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := bubbleWorkload(t, p, kc, c.VocabSize, 8, 32, 16)
+			st := p.Stats()
+			p.Close()
+			if want == nil {
+				want = got
+			}
+			for i := range want {
+				for j := range want[i] {
+					if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+						t.Fatalf("%d stages, %d micro-batches: step %d logit %d is %g, want %g", stages, micro, i, j, got[i][j], want[i][j])
+					}
+				}
+			}
+			ideal := float64(stages-1) / float64(micro+stages-1)
+			t.Logf("%d stages, %2d micro-batches: %d steps in %v, busy %v, bubble %.3f (GPipe bound %.3f)",
+				stages, micro, st.Steps, st.Wall.Round(time.Millisecond), roundAll(st.Busy), st.Bubble(), ideal)
+		}
+	}
+}
+
+func roundAll(ds []time.Duration) []time.Duration {
+	out := make([]time.Duration, len(ds))
+	for i, d := range ds {
+		out[i] = d.Round(time.Millisecond)
+	}
+	return out
+}
