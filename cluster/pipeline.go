@@ -246,15 +246,23 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 	n := len(p.remotes)
 	outs := make([][]executor.StepOutput, n)
 	errs := make([]error, n)
+	// cause is the failure that closed the connections, which then fail
+	// every other stage's reads and writes too.
 	var once sync.Once
-	cut := func() { once.Do(func() { p.closeConns() }) }
+	var cause error
+	cut := func(s int, err error) {
+		once.Do(func() {
+			cause = fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
+			p.closeConns()
+		})
+	}
 	var wg sync.WaitGroup
 	for s, x := range p.remotes {
 		outs[s] = make([]executor.StepOutput, len(mbs))
 		wg.Go(func() {
 			for _, mb := range mbs {
 				if err := x.Send(mb); err != nil {
-					cut()
+					cut(s, err)
 					return
 				}
 			}
@@ -271,7 +279,7 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 					}
 				case err != nil:
 					errs[s] = err
-					cut()
+					cut(s, err)
 					return
 				}
 				outs[s][j] = out
@@ -279,16 +287,17 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 		})
 	}
 	wg.Wait()
-	// A stage's own error (the lowest stage's: the later ones pass it
-	// on) says more than the closed connections it caused elsewhere.
+	// A connection that failed (a stage died, hung or hung up) is the
+	// cause of whatever the others report; otherwise the lowest stage's
+	// own error is (the later stages pass it on).
+	if cause != nil {
+		return outs, cause
+	}
 	var first error
 	for s, err := range errs {
-		var re *executor.RemoteError
-		if errors.As(err, &re) {
-			return outs, fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
-		}
-		if err != nil && first == nil {
+		if err != nil {
 			first = fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
+			break
 		}
 	}
 	return outs, first

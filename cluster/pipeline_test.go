@@ -247,29 +247,57 @@ func TestPipelineBubble(t *testing.T) {
 	var want [][]float32
 	for _, stages := range []int{2, 4} {
 		addrs := startWorkers(t, path, stages)
+		var whole time.Duration
 		for _, micro := range []int{1, 2, 4, 8} {
-			p, err := ConnectPipeline(addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := bubbleWorkload(t, p, kc, c.VocabSize, 8, 32, 16)
-			st := p.Stats()
-			p.Close()
-			if want == nil {
-				want = got
-			}
-			for i := range want {
-				for j := range want[i] {
-					if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
-						t.Fatalf("%d stages, %d micro-batches: step %d logit %d is %g, want %g", stages, micro, i, j, got[i][j], want[i][j])
+			// The best of three runs: other jobs on the machine only
+			// ever make a run slower.
+			var best PipelineStats
+			for range 3 {
+				st, got := bubbleRun(t, addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
+				if want == nil {
+					want = got
+				}
+				for i := range want {
+					for j := range want[i] {
+						if math.Float32bits(got[i][j]) != math.Float32bits(want[i][j]) {
+							t.Fatalf("%d stages, %d micro-batches: step %d logit %d is %g, want %g", stages, micro, i, j, got[i][j], want[i][j])
+						}
 					}
 				}
+				if best.Wall == 0 || st.Wall < best.Wall {
+					best = st
+				}
+			}
+			busy := sum(best.Busy)
+			if micro == 1 {
+				whole = busy
 			}
 			ideal := float64(stages-1) / float64(micro+stages-1)
-			t.Logf("%d stages, %2d micro-batches: %d steps in %v, busy %v, bubble %.3f (GPipe bound %.3f)",
-				stages, micro, st.Steps, st.Wall.Round(time.Millisecond), roundAll(st.Busy), st.Bubble(), ideal)
+			t.Logf("%d stages, %d micro-batches: %d steps in %v, stages busy %v (%.2f× whole steps'), bubble %.3f (GPipe bound %.3f)",
+				stages, micro, best.Steps, best.Wall.Round(time.Millisecond), roundAll(best.Busy), float64(busy)/float64(whole), best.Bubble(), ideal)
 		}
 	}
+}
+
+// bubbleRun connects a pipeline, runs the workload through it and closes
+// it.
+func bubbleRun(t *testing.T, addrs []string, o PipelineOptions) (PipelineStats, [][]float32) {
+	t.Helper()
+	p, err := ConnectPipeline(addrs, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	got := bubbleWorkload(t, p, o.KV, o.Model.VocabSize, 8, 32, 16)
+	return p.Stats(), got
+}
+
+func sum(ds []time.Duration) time.Duration {
+	var s time.Duration
+	for _, d := range ds {
+		s += d
+	}
+	return s
 }
 
 func roundAll(ds []time.Duration) []time.Duration {

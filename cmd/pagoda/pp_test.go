@@ -1,10 +1,17 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"pagoda/cluster"
 	"pagoda/testutil"
@@ -58,4 +65,56 @@ func TestServePipelineParallelRefusals(t *testing.T) {
 			t.Errorf("pagoda %v: exit %d, stderr %q (want %q)", c.args, code, stderr, c.want)
 		}
 	}
+}
+
+// TestServePipelineStageDies: a stage worker killed (SIGKILL) between
+// requests makes the next completion fail at once with an error naming
+// the pipeline, and the server stays up and answers.
+func TestServePipelineStageDies(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts three processes")
+	}
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
+	listen := regexp.MustCompile(regexp.QuoteMeta(cluster.ListenLine) + `(\S+)`)
+	w0 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
+	victim := exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
+	out, err := victim.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := victim.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { victim.Process.Kill(); victim.Wait() })
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	go io.Copy(io.Discard, out)
+	w1 := listen.FindStringSubmatch(line)[1]
+	addr := startProc(t, servingRe, "serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
+		"--pipeline-parallel", "2", "--workers", w0+","+w1)
+	if complete(t, addr, "Once upon a time", 8) == "" {
+		t.Fatal("no completion before the stage died")
+	}
+	victim.Process.Kill()
+	victim.Wait()
+	client := &http.Client{Timeout: 30 * time.Second}
+	body, _ := json.Marshal(map[string]any{"prompt": "The dog", "max_tokens": 8, "temperature": 0})
+	start := time.Now()
+	resp, err := client.Post("http://"+addr+"/v1/completions", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatalf("after the stage died: %v (in %v)", err, time.Since(start))
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode < 500 || !strings.Contains(string(b), "pipeline parallel: stage") {
+		t.Errorf("after the stage died: %d %s", resp.StatusCode, b)
+	}
+	t.Logf("after the stage died: %d in %v: %s", resp.StatusCode, time.Since(start).Round(time.Millisecond), b)
+	resp, err = client.Get("http://" + addr + "/v1/models")
+	if err != nil {
+		t.Fatalf("the server after the stage died: %v", err)
+	}
+	resp.Body.Close()
 }
