@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"net"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -218,6 +219,55 @@ func bubbleWorkload(t *testing.T, ex executor.Executor, kc kvcache.Config, vocab
 		step(&in)
 	}
 	return out
+}
+
+// TestPipelineBubbleSimulated measures the schedule's bubble apart from
+// the machine: every stage's compute is extended by a sleep per row (a
+// device that takes no core from the other stages), 1 ms per row against
+// the model's fraction of a millisecond, so the stages truly overlap and
+// the bubble follows GPipe's (M−1)/(k+M−1) plus the hand-offs. It checks
+// that the bubble stays within 0.15 above that bound, and that
+// whole steps leave near 1 − 1/M.
+func TestPipelineBubbleSimulated(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a timing measurement")
+	}
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
+	coord, err := OpenStageShape(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	c := &coord.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 128}
+	for _, stages := range []int{2, 3} {
+		var addrs []string
+		for range stages {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := &Worker{Model: path, Options: model.Options{Threads: 1}, JoinTimeout: 20 * time.Second, stageRowTime: time.Millisecond}
+			go w.Serve(ln)
+			t.Cleanup(func() { ln.Close() })
+			addrs = append(addrs, ln.Addr().String())
+		}
+		for _, micro := range []int{1, 2, 4, 8} {
+			p, err := ConnectPipeline(addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
+			if err != nil {
+				t.Fatal(err)
+			}
+			bubbleWorkload(t, p, kc, c.VocabSize, 8, 16, 4)
+			st := p.Stats()
+			p.Close()
+			ideal := float64(stages-1) / float64(micro+stages-1)
+			t.Logf("%d stages, %d micro-batches: %d steps in %v, stages busy %v, bubble %.3f (GPipe bound %.3f)",
+				stages, micro, st.Steps, st.Wall.Round(time.Millisecond), roundAll(st.Busy), st.Bubble(), ideal)
+			if st.Bubble() < ideal-0.02 || st.Bubble() > ideal+0.15 {
+				t.Errorf("%d stages, %d micro-batches: bubble %.3f, GPipe's bound %.3f", stages, micro, st.Bubble(), ideal)
+			}
+		}
+	}
 }
 
 // TestPipelineBubble measures the bubble fraction — the share of the

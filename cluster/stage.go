@@ -32,6 +32,7 @@ type stageRank struct {
 	rbuf, wbuf []byte
 	in         executor.StepOutput // the hidden states received
 	b          model.Batch
+	rowTime    time.Duration // Worker.stageRowTime
 }
 
 func (s *stageRank) close() {
@@ -63,6 +64,9 @@ func (s *stageRank) Execute(in *executor.StepInput) (executor.StepOutput, error)
 	s.b = model.Batch{Tokens: in.Tokens, Pos: in.Pos, Seq: in.Seq, Logits: in.Logits, KV: in.KV}
 	out, err := s.m.ForwardStage(&s.b, s.kv, hidden)
 	s.b = model.Batch{}
+	if s.rowTime > 0 {
+		time.Sleep(s.rowTime * time.Duration(len(in.Tokens)))
+	}
 	busy := time.Since(start)
 	if s.next == nil {
 		if err != nil {
@@ -135,7 +139,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	case h.Session == "":
 		return nil, errors.New("hello without a session")
 	}
-	s := &stageRank{}
+	s := &stageRank{rowTime: w.stageRowTime}
 	if err := w.link(h, s); err != nil {
 		return nil, err
 	}

@@ -32,6 +32,11 @@ type Worker struct {
 	// JoinTimeout bounds how long a session waits for the other ranks'
 	// mesh connections (0: one minute).
 	JoinTimeout time.Duration
+	// stageRowTime, when set, adds a sleep of that much per row to a
+	// pipeline stage's compute: a device that does not take a CPU core
+	// from the other stages, for measuring the schedule's bubble apart
+	// from the machine's contention (tests only).
+	stageRowTime time.Duration
 
 	mu      sync.Mutex
 	slot    chan struct{}            // holds a token while a session runs
