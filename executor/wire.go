@@ -253,6 +253,7 @@ func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 // Execute for a caller that keeps several steps in flight (a pipeline):
 // the far end answers them in order.
 type Remote struct {
+	mu         sync.Mutex // one Execute at a time, so each gets its own output
 	wmu, rmu   sync.Mutex
 	r          *bufio.Reader
 	w          *bufio.Writer
@@ -268,6 +269,8 @@ func NewRemote(r io.Reader, w io.Writer) *Remote {
 // Execute sends the step and waits for its output. The output's logits
 // are a fresh slice the caller keeps.
 func (x *Remote) Execute(in *StepInput) (StepOutput, error) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
 	if err := x.Send(in); err != nil {
 		return StepOutput{}, err
 	}
