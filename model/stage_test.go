@@ -32,10 +32,12 @@ func runStages(t *testing.T, stages []*Model) [][]float32 {
 }
 
 // TestPipelineStages: the golden llamas (2 and 3 layers; a separate and a
-// tied output head) cut into 2 and 3 stages, each binding only its own
-// layers, chained in process give the whole model's logits bit for bit:
-// every layer runs the same arithmetic on the same rows, only in another
-// model.
+// tied output head), qwen2 (biases), qwen3 (q/k norm, tied), the
+// mixtures of experts (Mixtral-style, qwen2moe) and deepseek2 (MLA, a
+// dense first layer then experts) cut into 2 and 3 stages, each binding
+// only its own layers, chained in process give the whole model's logits
+// bit for bit: every layer runs the same arithmetic on the same rows,
+// only in another model.
 func TestPipelineStages(t *testing.T) {
 	dir := testutil.Shared(t, "golden/models")
 	for _, c := range []struct {
@@ -46,6 +48,12 @@ func TestPipelineStages(t *testing.T) {
 		{"g-llama-mqa.F16.gguf", []Stage{{0, 2}, {2, 3}}},
 		{"g-llama-mqa.F16.gguf", []Stage{{0, 1}, {1, 2}, {2, 3}}},
 		{"g-llama-mqa.Q8_0.gguf", []Stage{{0, 1}, {1, 3}}},
+		{"g-qwen2.F32.gguf", []Stage{{0, 1}, {1, 2}}},
+		{"g-qwen3.Q8_0.gguf", []Stage{{0, 1}, {1, 2}}},
+		{"g-mixtral.F32.gguf", []Stage{{0, 1}, {1, 2}}},
+		{"g-qwen2moe.Q8_0.gguf", []Stage{{0, 1}, {1, 2}}},
+		{"g-deepseek2.F32.gguf", []Stage{{0, 1}, {1, 2}, {2, 3}}},
+		{"g-deepseek2-lite.F32.gguf", []Stage{{0, 2}, {2, 3}}},
 	} {
 		path := filepath.Join(dir, c.file)
 		whole, err := Open(path, Options{Threads: 1})
@@ -88,8 +96,8 @@ func checkStageBinding(t *testing.T, m *Model) {
 	t.Helper()
 	st := m.Stage()
 	for li, l := range m.W.Layers {
-		if in := li >= st.Lo && li < st.Hi; in != (l.Q != nil) || in != (l.Down != nil) {
-			t.Errorf("stage %v: layer %d bound %v", st, li, l.Q != nil)
+		if in := li >= st.Lo && li < st.Hi; in != (l.AttnNorm != nil) || in != (l.FFNNorm != nil) || in != (l.O != nil) {
+			t.Errorf("stage %v: layer %d bound %v", st, li, l.AttnNorm != nil)
 		}
 	}
 	if want := m.first() || (m.last() && m.Config.TiedOutput); (m.W.Embd != nil) != want {
