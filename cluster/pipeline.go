@@ -106,7 +106,7 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	spec, err := specOf(o.KV, "pipeline parallel")
+	spec, err := specOf(o.KV, "pipeline parallel", true)
 	if err != nil {
 		return nil, err
 	}

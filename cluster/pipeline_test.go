@@ -56,7 +56,8 @@ func ppEngine(t *testing.T, path string, addrs []string, micro, blocks int) (*en
 // the coordinator's paged KV manager, steps whole or in micro-batches,
 // give the single-process engine's greedy tokens and log-probabilities
 // exactly: each layer runs the same arithmetic, in another process.
-// (MQA, which tensor parallelism refuses, splits by layers.)
+// MQA and the mixtures of experts, which tensor parallelism refuses,
+// split by layers; so does stories260K (5 layers: 3 + 2).
 func TestPipelineEngine(t *testing.T) {
 	dir := testutil.Shared(t, "golden/models")
 	for _, c := range []struct {
@@ -66,6 +67,11 @@ func TestPipelineEngine(t *testing.T) {
 		{"g-llama3-ropefreqs.F32.gguf", 2, 1},
 		{"g-llama3-ropefreqs.F32.gguf", 2, 3},
 		{"g-llama-mqa.F16.gguf", 3, 2},
+		{"g-qwen2.F32.gguf", 2, 2},
+		{"g-qwen2moe.Q8_0.gguf", 2, 2},
+		{"g-mixtral.F32.gguf", 2, 1},
+		{"../../models/gguf/stories260K.gguf", 2, 2},
+		{"g-deepseek2.F32.gguf", 3, 2},
 	} {
 		t.Run(fmt.Sprintf("%s/%dstages/%dmicro", c.file, c.stages, c.micro), func(t *testing.T) {
 			path := filepath.Join(dir, c.file)
@@ -356,4 +362,36 @@ func roundAll(ds []time.Duration) []time.Duration {
 		out[i] = d.Round(time.Millisecond)
 	}
 	return out
+}
+
+// TestStageKVGroups: a stage's KV storage takes the manager's layer groups
+// renumbered to its own layers, and refuses a stage that holds no layer
+// of some group (the step's plan carries spans for every group).
+func TestStageKVGroups(t *testing.T) {
+	c := &model.Config{NLayer: 4, NKVHead: 1, HeadDim: 8}
+	kc := kvcache.Config{NumBlocks: 8, BlockSize: 16, Groups: []kvcache.GroupSpec{
+		{Layers: []int{0, 2}, NKVHead: 1, KDim: 8},
+		{Layers: []int{1, 3}, NKVHead: 2, KDim: 4, VDim: 4},
+	}}
+	spec, err := specOf(kc, "pipeline parallel", true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := spec.config(c, model.Stage{Lo: 2, Hi: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got.Groups) != 2 || fmt.Sprint(got.Groups[0].Layers, got.Groups[1].Layers) != "[0] [1]" ||
+		got.Groups[1].NKVHead != 2 || got.Groups[1].VDim != 4 || got.NLayer != 2 {
+		t.Errorf("stage [2, 4): %+v", got)
+	}
+	if _, err := kvcache.NewStorage(got); err != nil {
+		t.Errorf("stage [2, 4) storage: %v", err)
+	}
+	if _, err := spec.config(c, model.Stage{Lo: 3, Hi: 4}); err == nil || !strings.Contains(err.Error(), "KV group 0 has no layer") {
+		t.Errorf("a stage without a layer of group 0: %v", err)
+	}
+	if _, err := specOf(kc, "tensor parallel", false); err == nil || !strings.Contains(err.Error(), "KV cache groups") {
+		t.Errorf("groups across tensor-parallel ranks: %v", err)
+	}
 }

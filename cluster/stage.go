@@ -170,7 +170,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	if err := h.Model.diff(shapeOf(&s.m.Config)); err != nil {
 		return fail(err)
 	}
-	kc, err := h.KV.config(&s.m.Config, o.Stage.Hi-o.Stage.Lo)
+	kc, err := h.KV.config(&s.m.Config, o.Stage)
 	if err == nil {
 		kc.Ops = s.m.Ops()
 		s.kv, err = kvcache.NewStorage(kc)

@@ -241,7 +241,7 @@ func (w *Worker) join(h *hello) (*rank, error) {
 		mesh.Close()
 		return nil, err
 	}
-	kc, err := h.KV.config(&m.Config, m.Config.NLayer)
+	kc, err := h.KV.config(&m.Config, m.Stage())
 	if err == nil {
 		kc.Ops = m.Ops()
 	}
