@@ -26,6 +26,7 @@ type Pipeline struct {
 	conns   []net.Conn
 	remotes []*executor.Remote
 	micro   int
+	minRows int
 
 	mu     sync.Mutex
 	broken error
@@ -49,6 +50,12 @@ type PipelineOptions struct {
 	// rows); 0 or 1 sends each step whole, so only one stage computes at
 	// a time.
 	MicroBatches int
+	// MinRows keeps every micro-batch at least this many rows (0 or 1:
+	// any): a step of fewer rows is cut into fewer micro-batches, or none.
+	// On a CPU a matrix product of one row costs nearly what one of four
+	// does, so cutting a small decode step buys overlap with repeated
+	// weight reads.
+	MinRows int
 	// Timeout bounds connecting and the workers' loading (0: 10 minutes).
 	Timeout time.Duration
 }
@@ -122,7 +129,7 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pipeline{conns: conns, micro: max(o.MicroBatches, 1)}
+	p := &Pipeline{conns: conns, micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
 	for _, c := range conns {
 		p.remotes = append(p.remotes, executor.NewRemote(c, c))
 	}
@@ -190,7 +197,7 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 		return executor.StepOutput{}, p.broken
 	}
 	p.mu.Unlock()
-	mbs, err := microBatches(in, p.micro)
+	mbs, err := microBatches(in, p.micro, p.minRows)
 	if err != nil {
 		return executor.StepOutput{}, err
 	}
@@ -220,10 +227,11 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 }
 
 // microBatches cuts in into at most k pieces of consecutive rows, as
-// equal as they can be.
-func microBatches(in *executor.StepInput, k int) ([]*executor.StepInput, error) {
+// equal as they can be, each of at least minRows rows where the step has
+// as many.
+func microBatches(in *executor.StepInput, k, minRows int) ([]*executor.StepInput, error) {
 	T := len(in.Tokens)
-	k = min(k, T)
+	k = min(k, T/max(minRows, 1))
 	if k <= 1 {
 		return []*executor.StepInput{in}, nil
 	}

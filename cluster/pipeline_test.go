@@ -395,3 +395,41 @@ func TestStageKVGroups(t *testing.T) {
 		t.Errorf("groups across tensor-parallel ranks: %v", err)
 	}
 }
+
+// TestMicroBatches: a step is cut into at most k row ranges of at least
+// minRows rows, as equal as they can be, covering it in order.
+func TestMicroBatches(t *testing.T) {
+	in := &executor.StepInput{}
+	for i := range 10 {
+		in.Tokens, in.Pos, in.Seq = append(in.Tokens, 1), append(in.Pos, int32(i)), append(in.Seq, 0)
+	}
+	for _, c := range []struct {
+		T, k, minRows int
+		want          string
+	}{
+		{10, 4, 1, "[2 3 2 3]"},
+		{10, 4, 4, "[5 5]"},
+		{10, 4, 6, "[10]"},
+		{3, 4, 1, "[1 1 1]"},
+		{3, 4, 4, "[3]"},
+		{1, 8, 0, "[1]"},
+	} {
+		step := &executor.StepInput{Tokens: in.Tokens[:c.T], Pos: in.Pos[:c.T], Seq: in.Seq[:c.T]}
+		mbs, err := microBatches(step, c.k, c.minRows)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var sizes []int
+		next := int32(0)
+		for _, mb := range mbs {
+			sizes = append(sizes, len(mb.Tokens))
+			if mb.Pos[0] != next {
+				t.Errorf("%+v: a micro-batch starts at row %d, want %d", c, mb.Pos[0], next)
+			}
+			next = mb.Pos[len(mb.Pos)-1] + 1
+		}
+		if fmt.Sprint(sizes) != c.want {
+			t.Errorf("%d rows, k %d, at least %d: %v, want %s", c.T, c.k, c.minRows, sizes, c.want)
+		}
+	}
+}

@@ -64,6 +64,7 @@ type tpFlags struct {
 	ranks   *int
 	stages  *int
 	micro   *int
+	minRows *int
 	workers *string
 }
 
@@ -72,6 +73,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		ranks:   fs.Int("tensor-parallel", 1, "tensor-parallel ranks: each worker process holds 1/N of every layer and of the KV cache (N > 1 without --workers starts N local `pagoda worker` processes)"),
 		stages:  fs.Int("pipeline-parallel", 1, "pipeline stages: each worker process holds a contiguous range of the layers and their KV cache (M > 1 without --workers starts M local `pagoda worker` processes)"),
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
+		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
 		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
@@ -85,6 +87,7 @@ type tp struct {
 	threads  int
 	pipeline bool
 	micro    int
+	minRows  int
 	pipe     *cluster.Pipeline
 	log      io.Writer
 }
@@ -105,6 +108,8 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 		return nil, fmt.Errorf("--pipeline-parallel %d out of range [1, 64]", m)
 	case *f.micro < 0 || *f.micro > 1024:
 		return nil, fmt.Errorf("--pipeline-micro-batches %d out of range [0, 1024]", *f.micro)
+	case *f.minRows < 1 || *f.minRows > 1<<20:
+		return nil, fmt.Errorf("--pipeline-min-rows %d out of range [1, %d]", *f.minRows, 1<<20)
 	case m > 1:
 		return f.startPipeline(path, addrs, threads, log)
 	case len(addrs) == 1:
@@ -134,13 +139,13 @@ func (f *tpFlags) startPipeline(path string, addrs []string, threads int, log io
 		if len(addrs) != m {
 			return nil, fmt.Errorf("--pipeline-parallel %d but %d --workers", m, len(addrs))
 		}
-		return &tp{addrs: addrs, threads: threads, pipeline: true, micro: micro, log: log}, nil
+		return &tp{addrs: addrs, threads: threads, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
 	}
 	s, per, err := spawn(path, m, threads, log)
 	if err != nil {
 		return nil, fmt.Errorf("--pipeline-parallel %d: %w", m, err)
 	}
-	return &tp{addrs: s.Addrs, spawned: s, threads: per, pipeline: true, micro: micro, log: log}, nil
+	return &tp{addrs: s.Addrs, spawned: s, threads: per, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
 }
 
 // spawn starts n local workers sharing this machine's cores.
@@ -202,7 +207,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	if t.pipeline {
 		return func(kc kvcache.Config) (executor.Executor, error) {
 			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
-				Context: ctx, MicroBatches: t.micro})
+				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows})
 			if err != nil {
 				return nil, err
 			}
