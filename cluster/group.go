@@ -58,7 +58,7 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	if o.Model == nil {
 		return nil, errors.New("tensor parallel: no model shape")
 	}
-	spec, err := specOf(o.KV)
+	spec, err := specOf(o.KV, "tensor parallel", false)
 	if err != nil {
 		return nil, err
 	}

@@ -1,5 +1,7 @@
 // Package cluster runs one model across worker processes: tensor
-// parallelism over TCP. A worker (`pagoda worker`) loads its rank's shard
+// parallelism over TCP (Group, Mesh), and pipeline parallelism, each
+// worker a stage of contiguous layers handing its hidden states to the
+// next (Pipeline, stage.go). A worker (`pagoda worker`) loads its rank's shard
 // of the weights and owns its shard of the KV storage; the coordinator (the
 // engine inside `pagoda serve` or `run`) keeps the scheduler, the KV
 // manager and the sampler, and sends every step to all workers through the

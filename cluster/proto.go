@@ -19,13 +19,17 @@ import (
 
 // hello is the first message on a connection.
 type hello struct {
-	Kind string `json:"kind"` // "coordinator" or "peer"
+	// Kind: "coordinator" (a tensor-parallel rank), "stage" (a pipeline
+	// stage) or "peer" (another rank's mesh connection, or the previous
+	// stage's).
+	Kind string `json:"kind"`
 	// Session names one group's lifetime, so a rank never joins a mesh of
 	// an earlier group by a late connection.
 	Session string `json:"session"`
 	Rank    int    `json:"rank"`
 	Ranks   int    `json:"ranks,omitempty"`
-	// Peers are the workers' addresses by rank, for the mesh.
+	// Peers are the workers' addresses by rank (by stage), for the mesh
+	// (for the link to the next stage).
 	Peers   []string `json:"peers,omitempty"`
 	Threads int      `json:"threads,omitempty"`
 	Context int      `json:"context,omitempty"`
@@ -34,6 +38,8 @@ type hello struct {
 	// Logits: this rank returns the step's logits (one rank does; the
 	// others' are the same numbers and are not sent).
 	Logits bool `json:"logits,omitempty"`
+	// Layers is a pipeline stage's range of layers [lo, hi).
+	Layers *[2]int `json:"layers,omitempty"`
 }
 
 // reply is a worker's answer to the coordinator's hello.
@@ -69,28 +75,41 @@ func (s *shape) diff(o *shape) error {
 }
 
 // kvSpec is the KV storage a worker builds: the manager's block geometry
-// and formats. The heads and layers come from the worker's own shard.
+// and formats. The heads and layers come from the worker's own shard, or,
+// when the manager has layer groups (MLA's latent cache, per-layer
+// formats), from the groups, whose layers a pipeline stage renumbers to
+// its own.
 type kvSpec struct {
-	BlockSize int    `json:"block_size"`
-	NumBlocks int    `json:"num_blocks"`
-	DType     string `json:"dtype"`
-	KFormat   string `json:"k_format,omitempty"`
-	VFormat   string `json:"v_format,omitempty"`
-	Window    int    `json:"window,omitempty"`
+	BlockSize int           `json:"block_size"`
+	NumBlocks int           `json:"num_blocks"`
+	DType     string        `json:"dtype"`
+	KFormat   string        `json:"k_format,omitempty"`
+	VFormat   string        `json:"v_format,omitempty"`
+	Window    int           `json:"window,omitempty"`
+	Groups    []kvGroupSpec `json:"groups,omitempty"`
+}
+
+// kvGroupSpec is one layer group of the manager's configuration.
+type kvGroupSpec struct {
+	Layers  []int  `json:"layers"`
+	NKVHead int    `json:"kv_heads"`
+	Dims    [2]int `json:"dims"` // K, V per head
+	KFormat string `json:"k_format,omitempty"`
+	VFormat string `json:"v_format,omitempty"`
 }
 
 // specOf is the part of the manager's configuration the workers need. A
 // policy other than the plain one (or a sliding window) lives in the
 // manager and the storage together; the split storage does not carry one
-// yet.
-func specOf(c kvcache.Config) (*kvSpec, error) {
+// yet. Layer groups split by layers (pipeline stages), not by heads.
+func specOf(c kvcache.Config, what string, groups bool) (*kvSpec, error) {
 	if c.Policy != nil {
 		if _, ok := c.Policy.(kvcache.WindowPolicy); !ok || c.Window == 0 {
-			return nil, fmt.Errorf("tensor parallel: the KV policy %s is not supported across workers yet", c.Policy)
+			return nil, fmt.Errorf("%s: the KV policy %s is not supported across workers yet", what, c.Policy)
 		}
 	}
-	if len(c.Groups) > 0 {
-		return nil, fmt.Errorf("tensor parallel: KV cache groups (latent or per-layer formats) are not supported across workers yet")
+	if len(c.Groups) > 0 && !groups {
+		return nil, fmt.Errorf("%s: KV cache groups (latent or per-layer formats) are not supported across workers yet", what)
 	}
 	s := &kvSpec{BlockSize: c.BlockSize, NumBlocks: c.NumBlocks, DType: c.DType.String(), Window: c.Window}
 	if c.KFormat != nil {
@@ -99,11 +118,25 @@ func specOf(c kvcache.Config) (*kvSpec, error) {
 	if c.VFormat != nil {
 		s.VFormat = c.VFormat.String()
 	}
+	for gi, g := range c.Groups {
+		if g.Policy != nil {
+			return nil, fmt.Errorf("%s: KV group %d's policy %s is not supported across workers yet", what, gi, g.Policy)
+		}
+		gs := kvGroupSpec{Layers: g.Layers, NKVHead: g.NKVHead, Dims: [2]int{g.KDim, g.VDim}}
+		if g.KFormat != nil {
+			gs.KFormat = g.KFormat.String()
+		}
+		if g.VFormat != nil {
+			gs.VFormat = g.VFormat.String()
+		}
+		s.Groups = append(s.Groups, gs)
+	}
 	return s, nil
 }
 
-// config is the worker's KV storage configuration for its shard c.
-func (s *kvSpec) config(c *model.Config) (kvcache.Config, error) {
+// config is the worker's KV storage configuration for its shard c,
+// holding the layers of st (a pipeline stage's, or all).
+func (s *kvSpec) config(c *model.Config, st model.Stage) (kvcache.Config, error) {
 	if s.NumBlocks <= 0 || s.NumBlocks > 1<<26 || s.BlockSize < 0 || s.BlockSize > 1<<16 {
 		return kvcache.Config{}, fmt.Errorf("KV storage of %d blocks of %d tokens", s.NumBlocks, s.BlockSize)
 	}
@@ -112,18 +145,40 @@ func (s *kvSpec) config(c *model.Config) (kvcache.Config, error) {
 		return kvcache.Config{}, err
 	}
 	nkv, hd, _ := c.KVShape()
-	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window}
-	if s.KFormat != "" {
-		if kc.KFormat, err = kvcache.ParseFormat(s.KFormat); err != nil {
-			return kvcache.Config{}, err
-		}
+	kc := kvcache.Config{NLayer: st.Hi - st.Lo, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window}
+	if kc.KFormat, err = parseFormat(s.KFormat); err != nil {
+		return kvcache.Config{}, err
 	}
-	if s.VFormat != "" {
-		if kc.VFormat, err = kvcache.ParseFormat(s.VFormat); err != nil {
+	if kc.VFormat, err = parseFormat(s.VFormat); err != nil {
+		return kvcache.Config{}, err
+	}
+	for gi, g := range s.Groups {
+		gs := kvcache.GroupSpec{NKVHead: g.NKVHead, KDim: g.Dims[0], VDim: g.Dims[1]}
+		for _, l := range g.Layers {
+			if l >= st.Lo && l < st.Hi {
+				gs.Layers = append(gs.Layers, l-st.Lo)
+			}
+		}
+		if len(gs.Layers) == 0 {
+			return kvcache.Config{}, fmt.Errorf("KV group %d has no layer in %v (a stage must hold a layer of every group)", gi, st)
+		}
+		if gs.KFormat, err = parseFormat(g.KFormat); err != nil {
 			return kvcache.Config{}, err
 		}
+		if gs.VFormat, err = parseFormat(g.VFormat); err != nil {
+			return kvcache.Config{}, err
+		}
+		kc.Groups = append(kc.Groups, gs)
 	}
 	return kc, nil
+}
+
+// parseFormat is kvcache.ParseFormat, with "" for none.
+func parseFormat(s string) (kvcache.Format, error) {
+	if s == "" {
+		return nil, nil
+	}
+	return kvcache.ParseFormat(s)
 }
 
 // maxHello bounds a hello frame.

@@ -19,6 +19,8 @@ import (
 // other ranks listen, and the worker loads its shard of the model, builds
 // its shard of the KV storage, joins the mesh and executes steps until the
 // coordinator hangs up. Then it frees all of it and waits for the next.
+// A coordinator may instead make it one stage of a pipeline (a range of
+// layers; stage.go).
 type Worker struct {
 	// Model is the model file; every rank opens the same one and binds
 	// only its shard.
@@ -30,6 +32,11 @@ type Worker struct {
 	// JoinTimeout bounds how long a session waits for the other ranks'
 	// mesh connections (0: one minute).
 	JoinTimeout time.Duration
+	// stageRowTime, when set, adds a sleep of that much per row to a
+	// pipeline stage's compute: a device that does not take a CPU core
+	// from the other stages, for measuring the schedule's bubble apart
+	// from the machine's contention (tests only).
+	stageRowTime time.Duration
 
 	mu      sync.Mutex
 	slot    chan struct{}            // holds a token while a session runs
@@ -80,6 +87,8 @@ func (w *Worker) handle(c net.Conn) {
 		c.Close()
 	case "coordinator":
 		w.session(c, &h)
+	case "stage":
+		w.stageSession(c, &h)
 	default:
 		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "kind", h.Kind)
 		c.Close()
@@ -232,7 +241,7 @@ func (w *Worker) join(h *hello) (*rank, error) {
 		mesh.Close()
 		return nil, err
 	}
-	kc, err := h.KV.config(&m.Config)
+	kc, err := h.KV.config(&m.Config, m.Stage())
 	if err == nil {
 		kc.Ops = m.Ops()
 	}

@@ -10,6 +10,7 @@ package executor
 import (
 	"errors"
 	"fmt"
+	"time"
 
 	"pagoda/model"
 )
@@ -55,6 +56,9 @@ type StepOutput struct {
 	// Logits holds VocabSize floats for each row marked in the input, in
 	// row order.
 	Logits []float32
+	// Busy is how long the executor computed the step, where it measures
+	// it (a pipeline stage does, for the bubble fraction); 0 otherwise.
+	Busy time.Duration
 }
 
 // Executor runs steps. Implementations are called from one goroutine at a

@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"sync"
+	"time"
 
 	"pagoda/model"
 )
@@ -19,7 +20,8 @@ import (
 //	                u8 has-marks, then (if 1) T bytes of 0/1 logits marks,
 //	                u8 has-plan, then (if 1) the KV plan's Runs, TableOff,
 //	                Tables, Slots, SpanOff, Spans, each u32 n, n×i32
-//	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact)
+//	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact),
+//	                then, when the executor measured it, u64 busy nanoseconds
 //	'E' error:      the error's text
 //
 // Fixed-width integers and raw float bits keep encoding a loop of
@@ -158,7 +160,16 @@ func AppendOutput(dst []byte, out *StepOutput) []byte {
 	for _, v := range out.Logits {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
 	}
+	if out.Busy > 0 {
+		dst = binary.LittleEndian.AppendUint64(dst, uint64(out.Busy))
+	}
 	return dst
+}
+
+// AppendError appends the encoding of a step's error, which DecodeOutput
+// returns as a *RemoteError.
+func AppendError(dst []byte, err error) []byte {
+	return append(append(dst, kindError), err.Error()...)
 }
 
 // DecodeOutput decodes what AppendOutput wrote (or an error frame, which
@@ -172,6 +183,11 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 	}
 	n := int(binary.LittleEndian.Uint32(p[1:]))
 	p = p[5:]
+	out.Busy = 0
+	if n >= 0 && len(p) == 4*n+8 {
+		out.Busy = time.Duration(binary.LittleEndian.Uint64(p[4*n:]))
+		p = p[:4*n]
+	}
 	if n < 0 || len(p) != 4*n {
 		return fmt.Errorf("executor: output of %d logits has %d bytes", n, len(p))
 	}
@@ -189,6 +205,14 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 type RemoteError struct{ Msg string }
 
 func (e *RemoteError) Error() string { return "executor: remote: " + e.Msg }
+
+// WriteFrame writes p as one frame (its length, then p) and flushes w:
+// the framing of steps and outputs, for other streams of the same form
+// (a pipeline's hidden states).
+func WriteFrame(w *bufio.Writer, p []byte) error { return writeFrame(w, p) }
+
+// ReadFrame reads one frame WriteFrame wrote, into buf when it fits.
+func ReadFrame(r *bufio.Reader, buf []byte) ([]byte, error) { return readFrame(r, buf) }
 
 func writeFrame(w *bufio.Writer, p []byte) error {
 	var n [4]byte
@@ -225,12 +249,15 @@ func readFrame(r *bufio.Reader, buf []byte) ([]byte, error) {
 }
 
 // Remote is an Executor whose steps run on the far end of a byte stream
-// (a pipe, a socket) where Serve answers them.
+// (a pipe, a socket) where Serve answers them. Send and Receive split
+// Execute for a caller that keeps several steps in flight (a pipeline):
+// the far end answers them in order.
 type Remote struct {
-	mu  sync.Mutex
-	r   *bufio.Reader
-	w   *bufio.Writer
-	buf []byte
+	mu         sync.Mutex // one Execute at a time, so each gets its own output
+	wmu, rmu   sync.Mutex
+	r          *bufio.Reader
+	w          *bufio.Writer
+	wbuf, rbuf []byte
 }
 
 // NewRemote is an executor that writes steps to w and reads their
@@ -244,18 +271,36 @@ func NewRemote(r io.Reader, w io.Writer) *Remote {
 func (x *Remote) Execute(in *StepInput) (StepOutput, error) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	var err error
-	if x.buf, err = AppendStep(x.buf[:0], in); err != nil {
+	if err := x.Send(in); err != nil {
 		return StepOutput{}, err
 	}
-	if err := writeFrame(x.w, x.buf); err != nil {
-		return StepOutput{}, fmt.Errorf("executor: send step: %w", err)
+	return x.Receive()
+}
+
+// Send writes one step without waiting for its output.
+func (x *Remote) Send(in *StepInput) error {
+	x.wmu.Lock()
+	defer x.wmu.Unlock()
+	var err error
+	if x.wbuf, err = AppendStep(x.wbuf[:0], in); err != nil {
+		return err
 	}
-	if x.buf, err = readFrame(x.r, x.buf); err != nil {
+	if err := writeFrame(x.w, x.wbuf); err != nil {
+		return fmt.Errorf("executor: send step: %w", err)
+	}
+	return nil
+}
+
+// Receive reads the output of the oldest step sent and not yet received.
+func (x *Remote) Receive() (StepOutput, error) {
+	x.rmu.Lock()
+	defer x.rmu.Unlock()
+	var err error
+	if x.rbuf, err = readFrame(x.r, x.rbuf); err != nil {
 		return StepOutput{}, fmt.Errorf("executor: read output: %w", err)
 	}
 	var out StepOutput
-	if err := DecodeOutput(x.buf, &out); err != nil {
+	if err := DecodeOutput(x.rbuf, &out); err != nil {
 		return StepOutput{}, err
 	}
 	return out, nil
@@ -279,9 +324,9 @@ func Serve(r io.Reader, w io.Writer, ex Executor) error {
 		}
 		reply = reply[:0]
 		if err := DecodeStep(buf, &in); err != nil {
-			reply = append(append(reply, kindError), err.Error()...)
+			reply = AppendError(reply, err)
 		} else if out, err := ex.Execute(&in); err != nil {
-			reply = append(append(reply, kindError), err.Error()...)
+			reply = AppendError(reply, err)
 		} else {
 			reply = AppendOutput(reply, &out)
 		}

@@ -22,6 +22,8 @@ type attnPiece struct{ lo, hi, cost int }
 func (m *Model) attend(li int, b *Batch, kv KVCache, q, k, v, att []float32, ap AttnParams) {
 	T := len(b.Tokens)
 	qd, kvd := ap.NHead*ap.HeadDim, ap.NKVHead*ap.HeadDim
+	// A pipeline stage's KV storage holds only its own layers.
+	li -= m.stage.Lo
 	for i := 0; i < T; i++ {
 		kv.Store(li, i, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd])
 	}

@@ -27,6 +27,9 @@ func PoolingName(v int64) string {
 // alone or in a batch.
 func (m *Model) SequenceHidden(seqs [][]int32) ([][]float32, error) {
 	c := &m.Config
+	if !m.first() || !m.last() {
+		return nil, fmt.Errorf("model: %v of %d is a pipeline stage: it has no whole forward pass", m.stage, c.NLayer)
+	}
 	var b Batch
 	longest := 0
 	for si, s := range seqs {
@@ -53,7 +56,7 @@ func (m *Model) SequenceHidden(seqs [][]int32) ([][]float32, error) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if err := m.trunk(&b, kv); err != nil {
+	if err := m.trunk(&b, kv, nil); err != nil {
 		return nil, err
 	}
 	d := c.NEmbd

@@ -28,7 +28,9 @@ func NewFlatCache(c *Config, seqs, maxLen int) *FlatCache {
 // NewFlatCache is a flat cache for m that computes with m's kernels, so a
 // Reference model's attention runs in plain Go too.
 func (m *Model) NewFlatCache(seqs, maxLen int) *FlatCache {
-	return newFlatCache(&m.Config, seqs, maxLen, m.ops)
+	c := m.Config
+	c.NLayer = m.stage.Hi - m.stage.Lo // a pipeline stage's layers only
+	return newFlatCache(&c, seqs, maxLen, m.ops)
 }
 
 func newFlatCache(c *Config, seqs, maxLen int, ops *kernels.Ops) *FlatCache {

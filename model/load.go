@@ -41,6 +41,12 @@ type Options struct {
 	// results through Group.
 	Rank, Ranks int
 	Group       Collective
+	// Stage (the zero value: every layer) makes this model one stage of a
+	// pipeline: it binds and loads only layers [Lo, Hi) — with the token
+	// embedding on the first stage, the final norm and output head on the
+	// last — and runs them with ForwardStage; its KV cache holds only
+	// those layers.
+	Stage Stage
 }
 
 // Open loads a model from a GGUF file, a llama2.c checkpoint (.bin) or a

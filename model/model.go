@@ -24,8 +24,11 @@ type Model struct {
 	ops     *kernels.Ops // kernels.Generic() for Options.Reference, else kernels.Best()
 	// be is what the layer code computes with (the CPU kernels on pool);
 	// tp which tensor-parallel rank of how many this model is.
-	be    Backend
-	tp    tpRank
+	be Backend
+	tp tpRank
+	// stage is the layers this model holds (all of them unless it is one
+	// stage of a pipeline).
+	stage Stage
 	freqs []float32
 	// attn and ffns (one per layer) are the block's parts, composed from
 	// the declaration.
@@ -59,12 +62,16 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := bind(src, c, tp)
+	st, err := o.Stage.resolve(c.NLayer)
+	if err != nil {
+		return nil, err
+	}
+	w, err := bind(src, c, tp, st)
 	if err != nil {
 		return nil, err
 	}
 	w.linears(c, tp)
-	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffns: ffns, ops: kernels.Best(), tp: tp}
+	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffns: ffns, ops: kernels.Best(), tp: tp, stage: st}
 	m.Config.localize(tp)
 	if c.NExpert > 0 {
 		m.experts = make([]atomic.Uint64, c.NLayer*c.NExpert)
@@ -83,6 +90,12 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 		cpu.group = o.Group
 	}
 	m.be = cpu
+	m.prepack(src, o.Progress)
+	return m, nil
+}
+
+// prepack repacks the weights into the kernels' layouts.
+func (m *Model) prepack(src source, progress func(done, total int)) {
 	// Repack into the kernels' layouts now, so the first request does not
 	// pay for it (the plain Go set packs nothing). Stacks (a layer's
 	// experts, MLA's per-head matrices) share one allocation each, so that
@@ -100,7 +113,7 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 			rel.release(mat.Data)
 		}
 	}
-	for _, l := range w.Layers {
+	for _, l := range m.W.Layers {
 		for _, st := range [][]*kernels.Matrix{l.GateExps, l.UpExps, l.DownExps, l.KB, l.VB} {
 			m.ops.PrepackStack(m.pool, st)
 			for _, mat := range st {
@@ -108,17 +121,16 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 			}
 		}
 	}
-	mats := w.Matrices()
+	mats := m.W.Matrices()
 	for i, mat := range mats {
-		if mat != w.Embd || c.TiedOutput {
+		if mat != m.W.Embd || m.W.Output == m.W.Embd {
 			m.ops.Prepack(m.pool, mat)
 			release(mat)
 		}
-		if o.Progress != nil {
-			o.Progress(i+1, len(mats))
+		if progress != nil {
+			progress(i+1, len(mats))
 		}
 	}
-	return m, nil
 }
 
 // Ops is the kernel set the model computes with: kernels.Generic() for a
@@ -201,14 +213,15 @@ func grow(s []float32, n int) []float32 {
 // Forward runs the batch through the model, storing K/V in kv, and returns
 // the logits (VocabSize each) of the rows marked in b.Logits, in order.
 func (m *Model) Forward(b *Batch, kv KVCache) ([]float32, error) {
-	if err := m.begin(b, kv); err != nil {
-		return nil, err
+	if !m.first() || !m.last() {
+		return nil, fmt.Errorf("model: %v of %d is a pipeline stage: it runs ForwardStage", m.stage, m.Config.NLayer)
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if err := m.trunk(b, kv); err != nil {
-		return nil, err
-	}
+	return m.ForwardStage(b, kv, nil)
+}
+
+// head is the final norm and the output head over the rows of m.buf.x
+// marked in b; m.mu must be held.
+func (m *Model) head(b *Batch) ([]float32, error) {
 	c := &m.Config
 	T := len(b.Tokens)
 	d := c.NEmbd
@@ -299,9 +312,10 @@ func (m *Model) embed(tokens []int32, x []float32) error {
 	return nil
 }
 
-// trunk runs the embedding and every layer over the batch, leaving the
+// trunk runs the embedding (or, on a later pipeline stage, takes the
+// residual stream in) and the stage's layers over the batch, leaving the
 // last layer's residual stream in m.buf.x; m.mu must be held.
-func (m *Model) trunk(b *Batch, kv KVCache) error {
+func (m *Model) trunk(b *Batch, kv KVCache, in []float32) error {
 	c := &m.Config
 	T := len(b.Tokens)
 
@@ -317,11 +331,13 @@ func (m *Model) trunk(b *Batch, kv KVCache) error {
 	s.gate = grow(s.gate, T*c.FFN)
 	s.up = grow(s.up, T*c.FFN)
 
-	if err := m.embed(b.Tokens, s.x[:T*d]); err != nil {
+	if in != nil {
+		copy(s.x, in)
+	} else if err := m.embed(b.Tokens, s.x[:T*d]); err != nil {
 		return err
 	}
 	s.pieces = attnPieces(b, c.SlidingWindow)
-	for li := range m.W.Layers {
+	for li := m.stage.Lo; li < m.stage.Hi; li++ {
 		m.attn.forward(m, li, b, kv)
 		m.ffns[li].forward(m, li, b, kv)
 	}

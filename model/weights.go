@@ -200,7 +200,7 @@ func (w *Weights) slot(l *Layer, r arch.Role) (slot, bool) {
 
 // bind looks up every tensor the architecture declares for this config,
 // checks its shape and type, and wraps it without copying.
-func bind(src source, c *Config, tp tpRank) (*Weights, error) {
+func bind(src source, c *Config, tp tpRank, st Stage) (*Weights, error) {
 	a, err := lookupArch(c.Arch)
 	if err != nil {
 		return nil, err
@@ -208,6 +208,9 @@ func bind(src source, c *Config, tp tpRank) (*Weights, error) {
 	d := c.dims()
 	w := &Weights{Layers: make([]Layer, c.NLayer)}
 	for _, t := range a.Tensors(d, c.NLayer) {
+		if !inStage(t, c, st) {
+			continue
+		}
 		var l *Layer
 		if t.Layer >= 0 {
 			l = &w.Layers[t.Layer]
@@ -225,7 +228,7 @@ func bind(src source, c *Config, tp tpRank) (*Weights, error) {
 			}
 		}
 	}
-	if c.TiedOutput {
+	if c.TiedOutput && st.Hi == c.NLayer {
 		w.Output = w.Embd
 	}
 	if c.MLA {
@@ -411,7 +414,10 @@ func bindVector(src source, name string, n int) ([]float32, error) {
 // Matrices lists every 2-D weight a forward pass reads, each once (the
 // output matrix is left out when it is the tied embedding).
 func (w *Weights) Matrices() []*kernels.Matrix {
-	out := []*kernels.Matrix{w.Embd}
+	var out []*kernels.Matrix
+	if w.Embd != nil { // a pipeline stage after the first has none
+		out = append(out, w.Embd)
+	}
 	for _, l := range w.Layers {
 		for _, m := range []*kernels.Matrix{l.Q, l.K, l.V, l.O, l.Gate, l.Up, l.Down, l.Router, l.GateShexp, l.UpShexp, l.DownShexp,
 			l.QA, l.QB, l.KVA} {
@@ -423,7 +429,7 @@ func (w *Weights) Matrices() []*kernels.Matrix {
 			out = append(out, st...)
 		}
 	}
-	if w.Output != w.Embd {
+	if w.Output != w.Embd && w.Output != nil {
 		out = append(out, w.Output)
 	}
 	return out

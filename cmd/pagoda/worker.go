@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("worker", "serve one rank of a tensor-parallel group for a coordinator (serve --workers)", runWorker)
+	register("worker", "serve one rank of a tensor-parallel group, or one pipeline stage, for a coordinator (serve --workers)", runWorker)
 }
 
 func runWorker(args []string) error {
@@ -60,26 +60,37 @@ func runWorker(args []string) error {
 	return w.Serve(ln)
 }
 
-// tpFlags are serve's tensor-parallel flags.
+// tpFlags are serve's tensor- and pipeline-parallel flags.
 type tpFlags struct {
 	ranks   *int
+	stages  *int
+	micro   *int
+	minRows *int
 	workers *string
 }
 
 func addTPFlags(fs *flag.FlagSet) *tpFlags {
 	return &tpFlags{
 		ranks:   fs.Int("tensor-parallel", 1, "tensor-parallel ranks: each worker process holds 1/N of every layer and of the KV cache (N > 1 without --workers starts N local `pagoda worker` processes)"),
-		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank 0 first (implies --tensor-parallel = their count)"),
+		stages:  fs.Int("pipeline-parallel", 1, "pipeline stages: each worker process holds a contiguous range of the layers and their KV cache (M > 1 without --workers starts M local `pagoda worker` processes)"),
+		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
+		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
+		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
 
-// tp is the tensor-parallel setup of one serve: the workers it started
-// (if any) and the group, closed by close.
+// tp is the tensor- or pipeline-parallel setup of one serve: the workers
+// it started (if any) and the group or pipeline, closed by close.
 type tp struct {
-	addrs   []string
-	spawned *cluster.Spawned
-	group   *cluster.Group
-	threads int
+	addrs    []string
+	spawned  *cluster.Spawned
+	group    *cluster.Group
+	threads  int
+	pipeline bool
+	micro    int
+	minRows  int
+	pipe     *cluster.Pipeline
+	log      io.Writer
 }
 
 // start resolves the flags: nil when serving in this process.
@@ -90,8 +101,18 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 			addrs = append(addrs, a)
 		}
 	}
-	n := *f.ranks
+	n, m := *f.ranks, *f.stages
 	switch {
+	case n > 1 && m > 1:
+		return nil, fmt.Errorf("--tensor-parallel %d with --pipeline-parallel %d: combining the two is not implemented", n, m)
+	case m < 1 || m > 64:
+		return nil, fmt.Errorf("--pipeline-parallel %d out of range [1, 64]", m)
+	case *f.micro < 0 || *f.micro > 1024:
+		return nil, fmt.Errorf("--pipeline-micro-batches %d out of range [0, 1024]", *f.micro)
+	case *f.minRows < 1 || *f.minRows > 1<<20:
+		return nil, fmt.Errorf("--pipeline-min-rows %d out of range [1, %d]", *f.minRows, 1<<20)
+	case m > 1:
+		return f.startPipeline(path, addrs, threads, log)
 	case len(addrs) == 1:
 		return nil, fmt.Errorf("--workers: one worker is no group; give at least two, or none to serve in this process")
 	case len(addrs) > 0 && n != 1 && n != len(addrs):
@@ -103,17 +124,40 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	case n == 1:
 		return nil, nil
 	}
-	bin, err := os.Executable()
-	if err != nil {
-		return nil, err
-	}
-	// The local workers share this machine's cores.
-	per := max(1, (cmpOr(threads, runtime.NumCPU()))/n)
-	s, err := cluster.Spawn(bin, path, n, per, log)
+	s, per, err := spawn(path, n, threads, log)
 	if err != nil {
 		return nil, fmt.Errorf("--tensor-parallel %d: %w", n, err)
 	}
 	return &tp{addrs: s.Addrs, spawned: s, threads: per}, nil
+}
+
+// startPipeline is start for --pipeline-parallel M: the workers given, or
+// M local ones.
+func (f *tpFlags) startPipeline(path string, addrs []string, threads int, log io.Writer) (*tp, error) {
+	m := *f.stages
+	micro := cmpOr(*f.micro, m)
+	if len(addrs) > 0 {
+		if len(addrs) != m {
+			return nil, fmt.Errorf("--pipeline-parallel %d but %d --workers", m, len(addrs))
+		}
+		return &tp{addrs: addrs, threads: threads, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
+	}
+	s, per, err := spawn(path, m, threads, log)
+	if err != nil {
+		return nil, fmt.Errorf("--pipeline-parallel %d: %w", m, err)
+	}
+	return &tp{addrs: s.Addrs, spawned: s, threads: per, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
+}
+
+// spawn starts n local workers sharing this machine's cores.
+func spawn(path string, n, threads int, log io.Writer) (*cluster.Spawned, int, error) {
+	bin, err := os.Executable()
+	if err != nil {
+		return nil, 0, err
+	}
+	per := max(1, (cmpOr(threads, runtime.NumCPU()))/n)
+	s, err := cluster.Spawn(bin, path, n, per, log)
+	return s, per, err
 }
 
 func cmpOr(a, b int) int {
@@ -129,6 +173,9 @@ func cmpOr(a, b int) int {
 func (t *tp) openModel(path string, o model.Options) (*model.Model, error) {
 	if t == nil {
 		return openModel(path, o)
+	}
+	if t.pipeline {
+		return cluster.OpenStageShape(path, o)
 	}
 	return cluster.OpenShape(path, len(t.addrs), o)
 }
@@ -158,6 +205,17 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	if t == nil {
 		return nil
 	}
+	if t.pipeline {
+		return func(kc kvcache.Config) (executor.Executor, error) {
+			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
+				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows})
+			if err != nil {
+				return nil, err
+			}
+			t.pipe = p
+			return p, nil
+		}
+	}
 	return func(kc kvcache.Config) (executor.Executor, error) {
 		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx})
 		if err != nil {
@@ -174,6 +232,12 @@ func (t *tp) close() {
 	}
 	if t.group != nil {
 		t.group.Close()
+	}
+	if t.pipe != nil {
+		st := t.pipe.Stats()
+		fmt.Fprintf(t.log, "pipeline: %d steps in %d micro-batches, %v, stage busy %v, bubble %.3f\n",
+			st.Steps, st.MicroBatches, st.Wall, st.Busy, st.Bubble())
+		t.pipe.Close()
 	}
 	t.spawned.Stop()
 }

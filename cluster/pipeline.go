@@ -1,0 +1,363 @@
+package cluster
+
+import (
+	"bufio"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	"pagoda/executor"
+	"pagoda/kvcache"
+	"pagoda/model"
+)
+
+// Pipeline is the coordinator's side of a pipeline of stage workers: an
+// Executor that cuts each step by rows into micro-batches and sends every
+// micro-batch to every stage at once, without waiting for the previous
+// one's output. Each stage runs the micro-batches in order as their hidden
+// states arrive from the stage before, so while stage 1 runs micro-batch 0
+// stage 0 already runs micro-batch 1 (GPipe's schedule, forward only). The
+// last stage's logits, concatenated in micro-batch order, are the step's.
+type Pipeline struct {
+	conns   []net.Conn
+	remotes []*executor.Remote
+	micro   int
+	minRows int
+
+	mu     sync.Mutex
+	broken error
+	closed bool
+	stats  PipelineStats
+}
+
+// PipelineOptions configure ConnectPipeline.
+type PipelineOptions struct {
+	// Model is the coordinator's view of the model: each stage's must
+	// have the same shape.
+	Model *model.Config
+	// KV is the manager's configuration; every stage builds the same
+	// blocks for its own layers.
+	KV kvcache.Config
+	// Threads per worker (0: the worker's own default); Context
+	// overrides the model's context length on the workers (0: the
+	// model's).
+	Threads, Context int
+	// MicroBatches is how many pieces a step is cut into (at most its
+	// rows); 0 or 1 sends each step whole, so only one stage computes at
+	// a time.
+	MicroBatches int
+	// MinRows keeps every micro-batch at least this many rows (0 or 1:
+	// any): a step of fewer rows is cut into fewer micro-batches, or none.
+	// On a CPU a matrix product of one row costs nearly what one of four
+	// does, so cutting a small decode step buys overlap with repeated
+	// weight reads.
+	MinRows int
+	// Timeout bounds connecting and the workers' loading (0: 10 minutes).
+	Timeout time.Duration
+}
+
+// PipelineStats is what the stages did since the pipeline connected.
+type PipelineStats struct {
+	Steps, MicroBatches int
+	// Wall is the time Execute took, summed over the steps; Busy, per
+	// stage, the time it computed (as it measured it).
+	Wall time.Duration
+	Busy []time.Duration
+}
+
+// Bubble is the fraction of the stages' time spent idle while steps ran:
+// 1 − Σ busy / (stages × wall).
+func (s PipelineStats) Bubble() float64 {
+	if s.Wall <= 0 || len(s.Busy) == 0 {
+		return 0
+	}
+	var busy time.Duration
+	for _, b := range s.Busy {
+		busy += b
+	}
+	return 1 - float64(busy)/(float64(len(s.Busy))*float64(s.Wall))
+}
+
+// StageLayers cuts layers into stages contiguous ranges as equal as they
+// can be, the earlier stages taking the remainder.
+func StageLayers(layers, stages int) ([]model.Stage, error) {
+	if stages < 2 || stages > layers {
+		return nil, fmt.Errorf("pipeline parallel: %d stages for a model of %d layers (need 2 to %d)", stages, layers, layers)
+	}
+	out := make([]model.Stage, stages)
+	lo := 0
+	for s := range out {
+		n := layers / stages
+		if s < layers%stages {
+			n++
+		}
+		out[s] = model.Stage{Lo: lo, Hi: lo + n}
+		lo += n
+	}
+	return out, nil
+}
+
+// ConnectPipeline makes the workers at addrs stages 0…n-1 of a new
+// pipeline, the layers cut by StageLayers. It returns when every stage
+// has loaded its layers and linked to its neighbours, or with the first
+// stage's error.
+func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
+	if o.Model == nil {
+		return nil, errors.New("pipeline parallel: no model shape")
+	}
+	stages, err := StageLayers(o.Model.NLayer, len(addrs))
+	if err != nil {
+		return nil, err
+	}
+	spec, err := specOf(o.KV, "pipeline parallel", true)
+	if err != nil {
+		return nil, err
+	}
+	var sid [8]byte
+	rand.Read(sid[:])
+	session := hex.EncodeToString(sid[:])
+	hellos := make([]hello, len(addrs))
+	for s, st := range stages {
+		hellos[s] = hello{Kind: "stage", Session: session, Rank: s, Ranks: len(addrs), Peers: addrs, Threads: o.Threads,
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Layers: &[2]int{st.Lo, st.Hi}}
+	}
+	conns, err := dialAll(addrs, hellos, o.Timeout, "pipeline parallel: stage")
+	if err != nil {
+		return nil, err
+	}
+	p := &Pipeline{conns: conns, micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
+	for _, c := range conns {
+		p.remotes = append(p.remotes, executor.NewRemote(c, c))
+	}
+	p.stats.Busy = make([]time.Duration, len(conns))
+	return p, nil
+}
+
+// dialAll connects to every worker, sends each its hello and waits for
+// every reply (a worker may need the others' hellos before it can answer,
+// so all are sent first).
+func dialAll(addrs []string, hellos []hello, timeout time.Duration, what string) ([]net.Conn, error) {
+	if timeout == 0 {
+		timeout = 10 * time.Minute
+	}
+	conns := make([]net.Conn, len(addrs))
+	fail := func(r int, err error) ([]net.Conn, error) {
+		for _, c := range conns {
+			if c != nil {
+				c.Close()
+			}
+		}
+		return nil, fmt.Errorf("%s %d at %s: %w", what, r, addrs[r], err)
+	}
+	for r, a := range addrs {
+		c, err := net.DialTimeout("tcp", a, 30*time.Second)
+		if err != nil {
+			return fail(r, err)
+		}
+		conns[r] = c
+		if err := writeMsg(bufio.NewWriter(c), hellos[r]); err != nil {
+			return fail(r, err)
+		}
+	}
+	errs := make([]error, len(addrs))
+	var wg sync.WaitGroup
+	for r, c := range conns {
+		wg.Go(func() {
+			c.SetReadDeadline(time.Now().Add(timeout))
+			var rep reply
+			if err := readMsg(c, &rep); err != nil {
+				errs[r] = err
+			} else if rep.Error != "" {
+				errs[r] = errors.New(rep.Error)
+			}
+			c.SetReadDeadline(time.Time{})
+		})
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			return fail(r, err)
+		}
+	}
+	return conns, nil
+}
+
+// Execute runs the step through the stages as micro-batches and returns
+// the last stage's logits in row order. A failure breaks the pipeline
+// for good (the stages' KV storage is in an unknown state): later steps
+// fail with the first error.
+func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	p.mu.Lock()
+	if p.broken != nil {
+		defer p.mu.Unlock()
+		return executor.StepOutput{}, p.broken
+	}
+	p.mu.Unlock()
+	mbs, err := microBatches(in, p.micro, p.minRows)
+	if err != nil {
+		return executor.StepOutput{}, err
+	}
+	start := time.Now()
+	outs, err := p.run(mbs)
+	wall := time.Since(start)
+	if err != nil {
+		p.fail(err)
+		return executor.StepOutput{}, err
+	}
+	last := len(p.remotes) - 1
+	var res executor.StepOutput
+	for j := range mbs {
+		res.Logits = append(res.Logits, outs[last][j].Logits...)
+	}
+	p.mu.Lock()
+	p.stats.Steps++
+	p.stats.MicroBatches += len(mbs)
+	p.stats.Wall += wall
+	for s := range outs {
+		for _, o := range outs[s] {
+			p.stats.Busy[s] += o.Busy
+		}
+	}
+	p.mu.Unlock()
+	return res, nil
+}
+
+// microBatches cuts in into at most k pieces of consecutive rows, as
+// equal as they can be, each of at least minRows rows where the step has
+// as many.
+func microBatches(in *executor.StepInput, k, minRows int) ([]*executor.StepInput, error) {
+	T := len(in.Tokens)
+	k = min(k, T/max(minRows, 1))
+	if k <= 1 {
+		return []*executor.StepInput{in}, nil
+	}
+	out := make([]*executor.StepInput, k)
+	for j := range out {
+		var err error
+		if out[j], err = in.Slice(j*T/k, (j+1)*T/k); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// run sends every micro-batch to every stage and reads every stage's
+// outputs, each connection's writes and reads on their own goroutine so
+// no stage waits on the coordinator. A stage's error arrives as its
+// output for that micro-batch (every stage still answers every one); a
+// broken or silent connection closes them all, so nothing waits forever.
+func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, error) {
+	n := len(p.remotes)
+	outs := make([][]executor.StepOutput, n)
+	errs := make([]error, n)
+	// cause is the failure that closed the connections, which then fail
+	// every other stage's reads and writes too.
+	var once sync.Once
+	var cause error
+	cut := func(s int, err error) {
+		once.Do(func() {
+			cause = fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
+			p.closeConns()
+		})
+	}
+	var wg sync.WaitGroup
+	for s, x := range p.remotes {
+		outs[s] = make([]executor.StepOutput, len(mbs))
+		wg.Go(func() {
+			for _, mb := range mbs {
+				if err := x.Send(mb); err != nil {
+					cut(s, err)
+					return
+				}
+			}
+		})
+		wg.Go(func() {
+			for j := range mbs {
+				p.conns[s].SetReadDeadline(time.Now().Add(opTimeout))
+				out, err := x.Receive()
+				var re *executor.RemoteError
+				switch {
+				case errors.As(err, &re):
+					if errs[s] == nil {
+						errs[s] = err
+					}
+				case err != nil:
+					errs[s] = err
+					cut(s, err)
+					return
+				}
+				outs[s][j] = out
+			}
+		})
+	}
+	wg.Wait()
+	// A connection that failed (a stage died, hung or hung up) is the
+	// cause of whatever the others report; otherwise the lowest stage's
+	// own error is (the later stages pass it on).
+	if cause != nil {
+		return outs, cause
+	}
+	var first error
+	for s, err := range errs {
+		if err != nil {
+			first = fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
+			break
+		}
+	}
+	return outs, first
+}
+
+func (p *Pipeline) fail(err error) {
+	p.mu.Lock()
+	if p.broken == nil {
+		p.broken = err
+	}
+	p.mu.Unlock()
+	p.Close()
+}
+
+func (p *Pipeline) closeConns() {
+	for _, c := range p.conns {
+		if c != nil {
+			c.Close()
+		}
+	}
+}
+
+// Stats is what the stages did since the pipeline connected.
+func (p *Pipeline) Stats() PipelineStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	s := p.stats
+	s.Busy = append([]time.Duration(nil), s.Busy...)
+	return s
+}
+
+// Close hangs up on every stage; they free their layers and wait for the
+// next coordinator.
+func (p *Pipeline) Close() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		return nil
+	}
+	p.closed = true
+	if p.broken == nil {
+		p.broken = errors.New("pipeline parallel: the pipeline is closed")
+	}
+	p.closeConns()
+	return nil
+}
+
+// OpenStageShape opens the coordinator's view of a model served by a
+// pipeline: its first layer only (with the embedding), for the
+// configuration, tokenizer and metadata the scheduler and server need. It
+// never runs the forward pass (Forward refuses a stage).
+func OpenStageShape(path string, o model.Options) (*model.Model, error) {
+	o.Stage = model.Stage{Lo: 0, Hi: 1}
+	return model.Open(path, o)
+}
