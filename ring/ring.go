@@ -1,0 +1,122 @@
+package ring
+
+import (
+	"fmt"
+	"sync"
+
+	"pagoda/kernels"
+)
+
+// Transport is a rank's two links in a ring of Ranks ranks: messages go to
+// the next rank, (Rank+1) mod Ranks, and come from the previous one. Every
+// rank makes the same calls in the same order. An error is final: the
+// transport is broken and every later call fails.
+type Transport interface {
+	Rank() int
+	Ranks() int
+	// SendBlock sends b's rows (kvd floats each) to the next rank.
+	SendBlock(b Block, kvd int) error
+	// RecvBlock receives the previous rank's block into b, reusing its memory.
+	RecvBlock(b *Block, kvd int) error
+	// SendPartial and RecvPartial carry a partial result (M, L, Acc).
+	SendPartial(p *Partial) error
+	RecvPartial(p *Partial) error
+}
+
+// Ring runs attention over a sequence whose keys and values are split in
+// contiguous slices among the ranks of a Transport. It keeps its buffers
+// between calls (one per layer, the same sizes); one goroutine at a time.
+type Ring struct {
+	T   Transport
+	Ops *kernels.Ops
+
+	buf  [2]Block // blocks in flight: received into one while the other is sent
+	part Partial
+	peer Partial
+}
+
+// New is a ring over t computing with ops (nil: kernels.Best()).
+func New(t Transport, ops *kernels.Ops) *Ring {
+	if ops == nil {
+		ops = kernels.Best()
+	}
+	return &Ring{T: t, Ops: ops}
+}
+
+// Prefill writes into out (rows × QDim) the exact causal attention of this
+// rank's queries q, at positions qPos, over the whole sequence: own is
+// this rank's slice of keys and values, and the other ranks' slices come
+// around the ring. In each of Ranks−1 passes every rank sends the block it
+// holds to the next rank while it receives the previous rank's and merges
+// the attention of its queries over the block it holds; after the last
+// pass each rank has seen every block once. Blocks wholly in the future of
+// a rank's queries still pass through it (they are on their way to later
+// ranks) but cost no arithmetic there.
+func (r *Ring) Prefill(s Shape, q []float32, qPos []int32, own Block, out []float32) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	kvd, P := s.KVDim(), r.T.Ranks()
+	r.part.Reset(s, len(qPos))
+	cur := own
+	for pass := 0; pass < P; pass++ {
+		var sendErr, recvErr error
+		var wg sync.WaitGroup
+		next := &r.buf[pass%2]
+		if pass < P-1 {
+			wg.Add(2)
+			go func() { defer wg.Done(); sendErr = r.T.SendBlock(cur, kvd) }()
+			go func() { defer wg.Done(); recvErr = r.T.RecvBlock(next, kvd) }()
+		}
+		r.part.Attend(r.Ops, q, qPos, cur)
+		wg.Wait()
+		if err := firstErr(sendErr, recvErr); err != nil {
+			return fmt.Errorf("ring attention, rank %d of %d, pass %d: %w", r.T.Rank(), P, pass+1, err)
+		}
+		cur = *next
+	}
+	r.part.Out(out)
+	return nil
+}
+
+// Decode attends the query rows q (the same on every rank: the new
+// tokens, at positions qPos) over the keys and values of all ranks, each
+// rank holding own. Every rank computes the partial over its own slice;
+// the partials travel the ring from rank 1 to rank 0, each rank merging
+// its own into what it received, so rank 0 ends with the partial over the
+// whole sequence and writes out. It reports whether it wrote out (rank 0).
+func (r *Ring) Decode(s Shape, q []float32, qPos []int32, own Block, out []float32) (bool, error) {
+	if err := s.Check(); err != nil {
+		return false, err
+	}
+	rank, P := r.T.Rank(), r.T.Ranks()
+	r.part.Reset(s, len(qPos))
+	r.part.Attend(r.Ops, q, qPos, own)
+	// Rank 1 starts the chain; every rank after it, and rank 0 last,
+	// receives the partial so far from the previous rank.
+	if P > 1 && rank != 1 {
+		if err := r.T.RecvPartial(&r.peer); err != nil {
+			return false, fmt.Errorf("ring decode, rank %d of %d: %w", rank, P, err)
+		}
+		if err := r.part.Merge(&r.peer); err != nil {
+			return false, err
+		}
+	}
+	if rank != 0 {
+		if err := r.T.SendPartial(&r.part); err != nil {
+			return false, fmt.Errorf("ring decode, rank %d of %d: %w", rank, P, err)
+		}
+		return false, nil
+	}
+	r.part.Out(out)
+	return true, nil
+}
+
+func firstErr(errs ...error) error {
+	for _, e := range errs {
+		if e != nil {
+			return e
+		}
+	}
+	return nil
+}

@@ -1,0 +1,252 @@
+package ring_test
+
+import (
+	"math"
+	"math/rand/v2"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"pagoda/model"
+	"pagoda/ring"
+)
+
+// startRing joins P ranks over real TCP on 127.0.0.1, each with its own
+// listener, and closes them when the test ends.
+func startRing(t testing.TB, P int, timeout time.Duration) []*ring.Link {
+	t.Helper()
+	lns := make([]net.Listener, P)
+	addrs := make([]string, P)
+	for i := range lns {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { ln.Close() })
+		lns[i], addrs[i] = ln, ln.Addr().String()
+	}
+	links := make([]*ring.Link, P)
+	errs := make([]error, P)
+	session := rand.Uint64()
+	var wg sync.WaitGroup
+	for r := range P {
+		wg.Go(func() { links[r], errs[r] = ring.Join(r, lns[r], addrs, session, timeout) })
+	}
+	wg.Wait()
+	for r, err := range errs {
+		if err != nil {
+			t.Fatalf("rank %d: %v", r, err)
+		}
+		t.Cleanup(func() { links[r].Close() })
+	}
+	return links
+}
+
+// flatAttention is the engine's single-process attention: the model's
+// contiguous KV cache, every row stored, then attended in chunks.
+func flatAttention(t testing.TB, s ring.Shape, q, k, v []float32, T int) []float32 {
+	t.Helper()
+	c := &model.Config{NLayer: 1, NHead: s.NHead, NKVHead: s.NKVHead, HeadDim: s.HeadDim}
+	fc := model.NewFlatCache(c, 1, T)
+	b := &model.Batch{Tokens: make([]int32, T), Pos: make([]int32, T), Seq: make([]int32, T)}
+	for i := range b.Pos {
+		b.Pos[i] = int32(i)
+	}
+	if err := fc.Begin(b); err != nil {
+		t.Fatal(err)
+	}
+	kvd, qd := s.KVDim(), s.QDim()
+	for i := 0; i < T; i++ {
+		fc.Store(0, i, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd])
+	}
+	out := make([]float32, T*qd)
+	ap := model.AttnParams{NHead: s.NHead, NKVHead: s.NKVHead, HeadDim: s.HeadDim, Scale: s.Scale, Window: s.Window}
+	for lo := 0; lo < T; lo += 64 {
+		hi := min(T, lo+64)
+		fc.Attend(0, lo, hi, q[lo*qd:hi*qd], out[lo*qd:hi*qd], ap)
+	}
+	return out
+}
+
+// evenCuts splits T into P slices of T/P (the last takes the rest), shifted
+// by a few rows so they are uneven.
+func unevenCuts(T, P int) []int {
+	c := make([]int, P+1)
+	for i := 1; i < P; i++ {
+		c[i] = i*T/P + (i%2)*3 - 1
+	}
+	c[P] = T
+	return c
+}
+
+func relErr(got, want []float32) float64 {
+	var e, scale float64 = 0, 1
+	for i, w := range want {
+		e = max(e, math.Abs(float64(got[i]-w)))
+		scale = max(scale, math.Abs(float64(w)))
+	}
+	return e / scale
+}
+
+var tcpShapes = []ring.Shape{
+	{NHead: 8, NKVHead: 2, HeadDim: 32},
+	{NHead: 4, NKVHead: 4, HeadDim: 64},
+	{NHead: 6, NKVHead: 3, HeadDim: 8, Window: 50},
+}
+
+// TestRingPrefillTCP: P = 2, 3, 4 ranks over TCP, each holding a slice of
+// one sequence's K/V and its queries, give the single-process attention
+// (the flat KV cache's) and the float64 reference within 1e-5.
+func TestRingPrefillTCP(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	T := 333
+	for _, s := range tcpShapes {
+		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+		p := ring.NewProblem(r, s, 0, T)
+		flat := flatAttention(t, s, p.Q(), p.K(), p.V(), T)
+		want := p.Reference()
+		for P := 2; P <= 4; P++ {
+			links := startRing(t, P, 10*time.Second)
+			cuts := unevenCuts(T, P)
+			got := make([]float32, len(flat))
+			errs := make([]error, P)
+			qd := s.QDim()
+			var wg sync.WaitGroup
+			for rk := range P {
+				lo, hi := cuts[rk], cuts[rk+1]
+				wg.Go(func() {
+					errs[rk] = ring.New(links[rk], nil).Prefill(s, p.Q()[lo*qd:hi*qd], p.Pos()[lo:hi], p.Block(lo, hi), got[lo*qd:hi*qd])
+				})
+			}
+			wg.Wait()
+			for rk, err := range errs {
+				if err != nil {
+					t.Fatalf("%+v P=%d rank %d: %v", s, P, rk, err)
+				}
+			}
+			ef, e64 := relErr(got, flat), ring.MaxErr(got, want)
+			t.Logf("%+v P=%d: error against the flat cache %.3g, against float64 %.3g", s, P, ef, e64)
+			if ef > 1e-5 || e64 > 1e-5 {
+				t.Fatalf("%+v P=%d: error against the flat cache %.3g, against float64 %.3g", s, P, ef, e64)
+			}
+		}
+	}
+}
+
+// TestRingDecodeTCP: the last rows of the sequence (one decode token, and
+// three at once) attend K/V spread over P ranks; rank 0 merges the
+// partials and gets the single-process attention.
+func TestRingDecodeTCP(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	T := 257
+	for _, s := range tcpShapes {
+		s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+		p := ring.NewProblem(r, s, 0, T)
+		flat := flatAttention(t, s, p.Q(), p.K(), p.V(), T)
+		qd := s.QDim()
+		for P := 2; P <= 4; P++ {
+			links := startRing(t, P, 10*time.Second)
+			cuts := unevenCuts(T, P)
+			for _, n := range []int{1, 3} {
+				q, pos := p.Q()[(T-n)*qd:], p.Pos()[T-n:]
+				outs := make([][]float32, P)
+				wrote := make([]bool, P)
+				errs := make([]error, P)
+				var wg sync.WaitGroup
+				for rk := range P {
+					wg.Go(func() {
+						outs[rk] = make([]float32, n*qd)
+						wrote[rk], errs[rk] = ring.New(links[rk], nil).Decode(s, q, pos, p.Block(cuts[rk], cuts[rk+1]), outs[rk])
+					})
+				}
+				wg.Wait()
+				for rk := range P {
+					if errs[rk] != nil || wrote[rk] != (rk == 0) {
+						t.Fatalf("P=%d rank %d: wrote %v, %v", P, rk, wrote[rk], errs[rk])
+					}
+				}
+				if e := relErr(outs[0], flat[(T-n)*qd:]); e > 1e-5 {
+					t.Fatalf("%+v P=%d n=%d: error %.3g", s, P, n, e)
+				}
+			}
+		}
+	}
+}
+
+// runAll runs Prefill on the ranks listed, the others doing nothing, and
+// returns each rank's error and how long the slowest took.
+func runAll(links []*ring.Link, ranks []int, s ring.Shape, p *ring.Problem, T int) ([]error, time.Duration) {
+	P := len(links)
+	cuts := unevenCuts(T, P)
+	qd := s.QDim()
+	errs := make([]error, P)
+	out := make([]float32, T*qd)
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, rk := range ranks {
+		lo, hi := cuts[rk], cuts[rk+1]
+		wg.Go(func() {
+			errs[rk] = ring.New(links[rk], nil).Prefill(s, p.Q()[lo*qd:hi*qd], p.Pos()[lo:hi], p.Block(lo, hi), out[lo*qd:hi*qd])
+		})
+	}
+	wg.Wait()
+	return errs, time.Since(start)
+}
+
+// TestRingBrokenLink: a rank whose connections are cut, and a rank that
+// stops answering, turn into errors at the other ranks, not a hang: the
+// cut at once (the closed connection), the stall within the deadline.
+func TestRingBrokenLink(t *testing.T) {
+	s := ring.Shape{NHead: 4, NKVHead: 2, HeadDim: 16, Scale: 0.25}
+	T := 600
+	p := ring.NewProblem(rand.New(rand.NewPCG(7, 8)), s, 0, T)
+
+	links := startRing(t, 3, 5*time.Second)
+	links[2].Close()
+	errs, took := runAll(links, []int{0, 1}, s, p, T)
+	for _, rk := range []int{0, 1} {
+		if errs[rk] == nil {
+			t.Fatalf("cut link: rank %d succeeded", rk)
+		}
+		t.Logf("cut link: rank %d: %v", rk, errs[rk])
+	}
+	if took > 2*time.Second {
+		t.Fatalf("cut link: the other ranks took %v to fail (deadline 5s)", took)
+	}
+
+	links = startRing(t, 3, 300*time.Millisecond)
+	errs, took = runAll(links, []int{0, 1}, s, p, T) // rank 2 joined but never attends
+	for _, rk := range []int{0, 1} {
+		if errs[rk] == nil {
+			t.Fatalf("stalled rank: rank %d succeeded", rk)
+		}
+	}
+	if !strings.Contains(errs[0].Error(), "timeout") {
+		t.Errorf("stalled rank: rank 0's error does not name the timeout: %v", errs[0])
+	}
+	if took > 3*time.Second {
+		t.Fatalf("stalled rank: the other ranks took %v to fail (deadline 300ms)", took)
+	}
+
+	// Joining a ring whose next rank never listens fails at the deadline.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	dead, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadAddr := dead.Addr().String()
+	dead.Close()
+	start := time.Now()
+	if _, err := ring.Join(0, ln, []string{ln.Addr().String(), deadAddr}, 1, 400*time.Millisecond); err == nil {
+		t.Fatal("joined a ring with no next rank")
+	}
+	if d := time.Since(start); d > 3*time.Second {
+		t.Fatalf("join took %v to give up (deadline 400ms)", d)
+	}
+}
