@@ -92,8 +92,11 @@ func (s Shape) visible(qp, start, n int) (lo, hi int) {
 // Attend merges into p the attention of its query rows q (Rows × QDim,
 // at positions qPos) over block b, causally masked by absolute position.
 // A row that sees none of b is left as it was, so blocks wholly in a
-// row's future cost nothing but the check.
+// row's future cost nothing but the check. ops nil is kernels.Best().
 func (p *Partial) Attend(ops *kernels.Ops, q []float32, qPos []int32, b Block) {
+	if ops == nil {
+		ops = kernels.Best()
+	}
 	s := p.Shape
 	hd, qd, kvd := s.HeadDim, s.QDim(), s.KVDim()
 	n, group := b.Len(s), s.NHead/s.NKVHead
