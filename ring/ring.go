@@ -30,9 +30,10 @@ type Ring struct {
 	T   Transport
 	Ops *kernels.Ops
 
-	buf  [2]Block // blocks in flight: received into one while the other is sent
-	part Partial
-	peer Partial
+	buf   [2]Block // blocks in flight: received into one while the other is sent
+	part  Partial
+	peer  Partial
+	parts []*Partial // by rank, for DecodeAll
 }
 
 // New is a ring over t computing with ops (nil: kernels.Best()).
@@ -110,6 +111,44 @@ func (r *Ring) Decode(s Shape, q []float32, qPos []int32, own Block, out []float
 	}
 	r.part.Out(out)
 	return true, nil
+}
+
+// DecodeAll is Decode with the result on every rank, the same bits on
+// each: the ranks' partials go around the ring in Ranks−1 passes (each
+// rank forwarding the one it received last), and every rank merges all of
+// them in rank order. A layer stack needs this, since every rank's next
+// layer reads the attention output.
+func (r *Ring) DecodeAll(s Shape, q []float32, qPos []int32, own Block, out []float32) error {
+	if err := s.Check(); err != nil {
+		return err
+	}
+	rank, P := r.T.Rank(), r.T.Ranks()
+	for len(r.parts) < P {
+		r.parts = append(r.parts, new(Partial))
+	}
+	mine := r.parts[rank]
+	mine.Reset(s, len(qPos))
+	mine.Attend(r.Ops, q, qPos, own)
+	for pass := 1; pass < P; pass++ {
+		// Send the partial of rank − pass + 1, receive that of rank − pass.
+		send, recv := r.parts[(rank-pass+1+P)%P], r.parts[(rank-pass+P)%P]
+		var sendErr, recvErr error
+		var wg sync.WaitGroup
+		wg.Go(func() { sendErr = r.T.SendPartial(send) })
+		wg.Go(func() { recvErr = r.T.RecvPartial(recv) })
+		wg.Wait()
+		if err := firstErr(sendErr, recvErr); err != nil {
+			return fmt.Errorf("ring decode, rank %d of %d, pass %d: %w", rank, P, pass, err)
+		}
+	}
+	r.part.Reset(s, len(qPos))
+	for _, p := range r.parts[:P] {
+		if err := r.part.Merge(p); err != nil {
+			return err
+		}
+	}
+	r.part.Out(out)
+	return nil
 }
 
 func firstErr(errs ...error) error {

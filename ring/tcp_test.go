@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -137,7 +138,8 @@ func TestRingPrefillTCP(t *testing.T) {
 
 // TestRingDecodeTCP: the last rows of the sequence (one decode token, and
 // three at once) attend K/V spread over P ranks; rank 0 merges the
-// partials and gets the single-process attention.
+// partials and gets the single-process attention; with DecodeAll every
+// rank does, bit for bit the same.
 func TestRingDecodeTCP(t *testing.T) {
 	r := rand.New(rand.NewPCG(5, 6))
 	T := 257
@@ -169,6 +171,21 @@ func TestRingDecodeTCP(t *testing.T) {
 				}
 				if e := relErr(outs[0], flat[(T-n)*qd:]); e > 1e-5 {
 					t.Fatalf("%+v P=%d n=%d: error %.3g", s, P, n, e)
+				}
+				// DecodeAll: every rank gets the result, the same bits.
+				for rk := range P {
+					wg.Go(func() {
+						errs[rk] = ring.New(links[rk], nil).DecodeAll(s, q, pos, p.Block(cuts[rk], cuts[rk+1]), outs[rk])
+					})
+				}
+				wg.Wait()
+				for rk := range P {
+					if errs[rk] != nil {
+						t.Fatalf("DecodeAll P=%d rank %d: %v", P, rk, errs[rk])
+					}
+					if e := relErr(outs[rk], flat[(T-n)*qd:]); e > 1e-5 || !slices.Equal(outs[rk], outs[0]) {
+						t.Fatalf("DecodeAll %+v P=%d n=%d rank %d: error %.3g, same as rank 0: %v", s, P, n, rk, e, slices.Equal(outs[rk], outs[0]))
+					}
 				}
 			}
 		}
