@@ -15,4 +15,6 @@ func (p *problem) Pos() []int32           { return p.pos }
 func (p *problem) Block(lo, hi int) Block { return p.block(lo, hi) }
 func (p *problem) Reference() []float64   { return p.reference() }
 
+func (p *problem) ReferenceRows(rows []int) []float64 { return p.referenceRows(rows) }
+
 func MaxErr(got []float32, want []float64) float64 { return maxErr(got, want) }

@@ -4,6 +4,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"net"
+	"os"
 	"slices"
 	"strings"
 	"sync"
@@ -265,5 +266,71 @@ func TestRingBrokenLink(t *testing.T) {
 	}
 	if d := time.Since(start); d > 3*time.Second {
 		t.Fatalf("join took %v to give up (deadline 400ms)", d)
+	}
+}
+
+// TestRingLongPrompt: a 4096-token prompt (and 16384 and 32768 with
+// PAGODA_RING_LONG=1) over P = 2 and 4 ranks on TCP gives the flat KV
+// cache's attention at every row, and the float64 reference at 64 sampled
+// rows, within 1e-5.
+func TestRingLongPrompt(t *testing.T) {
+	if testing.Short() {
+		t.Skip("long prompt: not in -short")
+	}
+	lengths := []int{4096}
+	if os.Getenv("PAGODA_RING_LONG") != "" {
+		lengths = append(lengths, 16384, 32768)
+	}
+	s := ring.Shape{NHead: 4, NKVHead: 2, HeadDim: 32}
+	s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+	qd := s.QDim()
+	r := rand.New(rand.NewPCG(13, 14))
+	for _, T := range lengths {
+		p := ring.NewProblem(r, s, 0, T)
+		start := time.Now()
+		flat := flatAttention(t, s, p.Q(), p.K(), p.V(), T)
+		flatTook := time.Since(start)
+		var sample []int
+		for i := 0; i < T; i += T / 64 {
+			sample = append(sample, i+r.IntN(T/64))
+		}
+		sample = append(sample, T-1)
+		ref := p.ReferenceRows(sample)
+		pick := func(x []float32) ([]float32, []float64) {
+			var g []float32
+			var w []float64
+			for _, i := range sample {
+				g, w = append(g, x[i*qd:(i+1)*qd]...), append(w, ref[i*qd:(i+1)*qd]...)
+			}
+			return g, w
+		}
+		for _, P := range []int{2, 4} {
+			links := startRing(t, P, time.Minute)
+			cuts := unevenCuts(T, P)
+			got := make([]float32, T*qd)
+			errs := make([]error, P)
+			start := time.Now()
+			var wg sync.WaitGroup
+			for rk := range P {
+				lo, hi := cuts[rk], cuts[rk+1]
+				wg.Go(func() {
+					errs[rk] = ring.New(links[rk], nil).Prefill(s, p.Q()[lo*qd:hi*qd], p.Pos()[lo:hi], p.Block(lo, hi), got[lo*qd:hi*qd])
+				})
+			}
+			wg.Wait()
+			took := time.Since(start)
+			for rk, err := range errs {
+				if err != nil {
+					t.Fatalf("T=%d P=%d rank %d: %v", T, P, rk, err)
+				}
+			}
+			g, w := pick(got)
+			ef, e64 := relErr(got, flat), ring.MaxErr(g, w)
+			t.Logf("T=%d P=%d: error against the flat cache %.3g, against float64 (%d rows) %.3g; ring %v, flat cache %v (all ranks share this machine: not a speed measure)",
+				T, P, ef, len(sample), e64, took.Round(time.Millisecond), flatTook.Round(time.Millisecond))
+			if ef > 1e-5 || e64 > 1e-5 {
+				t.Fatalf("T=%d P=%d: error against the flat cache %.3g, against float64 %.3g", T, P, ef, e64)
+			}
+		}
 	}
 }
