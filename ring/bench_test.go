@@ -3,6 +3,7 @@ package ring_test
 import (
 	"math/rand/v2"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,13 +14,16 @@ import (
 // prompt (8 heads over 2 KV heads of 64): the flat KV cache in one
 // goroutine, the same split into two goroutines by query rows, and Ring
 // Attention with P=2 ranks over TCP on 127.0.0.1. All ranks share this
-// machine's cores, so it measures overheads, not a speed-up.
+// machine's cores, so it measures overheads, not a speed-up; cpu-s/op is
+// the process's CPU time per operation (all goroutines), which a loaded
+// machine disturbs less than the wall time.
 func BenchmarkAttention4k(b *testing.B) {
 	s := ring.Shape{NHead: 8, NKVHead: 2, HeadDim: 64, Scale: 0.125}
 	const T = 4096
 	p := ring.NewProblem(rand.New(rand.NewPCG(9, 10)), s, 0, T)
 	qd := s.QDim()
 	b.Run("flat-1", func(b *testing.B) {
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			flatAttention(b, s, p.Q(), p.K(), p.V(), T)
 		}
@@ -28,6 +32,7 @@ func BenchmarkAttention4k(b *testing.B) {
 		links := startRing(b, 2, time.Minute)
 		rings := []*ring.Ring{ring.New(links[0], nil), ring.New(links[1], nil)}
 		out := make([]float32, T*qd)
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			var wg sync.WaitGroup
 			for rk := range 2 {
@@ -46,6 +51,7 @@ func BenchmarkAttention4k(b *testing.B) {
 		// blocks into one partial.
 		var part ring.Partial
 		out := make([]float32, T*qd)
+		defer cpuPerOp(b)()
 		for b.Loop() {
 			part.Reset(s, T)
 			part.Attend(nil, p.Q(), p.Pos(), p.Block(0, T/2))
@@ -53,4 +59,16 @@ func BenchmarkAttention4k(b *testing.B) {
 			part.Out(out)
 		}
 	})
+}
+
+// cpuPerOp reports the process's CPU seconds per operation from now until
+// the returned function runs.
+func cpuPerOp(b *testing.B) func() {
+	cpu := func() float64 {
+		var ru syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		return float64(ru.Utime.Nano()+ru.Stime.Nano()) / 1e9
+	}
+	start := cpu()
+	return func() { b.ReportMetric((cpu()-start)/float64(b.N), "cpu-s/op") }
 }
