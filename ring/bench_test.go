@@ -12,8 +12,8 @@ import (
 
 // BenchmarkAttention4k times one layer's causal attention over a 4096-token
 // prompt (8 heads over 2 KV heads of 64): the flat KV cache in one
-// goroutine, the same split into two goroutines by query rows, and Ring
-// Attention with P=2 ranks over TCP on 127.0.0.1. All ranks share this
+// goroutine, Ring Attention with P=2 ranks over TCP on 127.0.0.1
+// (contiguous halves, and the zigzag split), and the partial math alone. All ranks share this
 // machine's cores, so it measures overheads, not a speed-up; cpu-s/op is
 // the process's CPU time per operation (all goroutines), which a loaded
 // machine disturbs less than the wall time.
@@ -39,6 +39,37 @@ func BenchmarkAttention4k(b *testing.B) {
 				lo, hi := rk*T/2, (rk+1)*T/2
 				wg.Go(func() {
 					if err := rings[rk].Prefill(s, p.Q()[lo*qd:hi*qd], p.Pos()[lo:hi], p.Block(lo, hi), out[lo*qd:hi*qd]); err != nil {
+						b.Error(err)
+					}
+				})
+			}
+			wg.Wait()
+		}
+	})
+	b.Run("ring-P2-zigzag", func(b *testing.B) {
+		links := startRing(b, 2, time.Minute)
+		rings := []*ring.Ring{ring.New(links[0], nil), ring.New(links[1], nil)}
+		type rank struct {
+			q   []float32
+			pos []int32
+			own []ring.Block
+			out []float32
+		}
+		var rs [2]rank
+		for rk := range rs {
+			for _, c := range ring.Zigzag(T, 2, rk) {
+				rs[rk].q = append(rs[rk].q, p.Q()[c[0]*qd:c[1]*qd]...)
+				rs[rk].pos = append(rs[rk].pos, p.Pos()[c[0]:c[1]]...)
+				rs[rk].own = append(rs[rk].own, p.Block(c[0], c[1]))
+			}
+			rs[rk].out = make([]float32, len(rs[rk].q))
+		}
+		defer cpuPerOp(b)()
+		for b.Loop() {
+			var wg sync.WaitGroup
+			for rk := range 2 {
+				wg.Go(func() {
+					if err := rings[rk].PrefillBlocks(s, rs[rk].q, rs[rk].pos, rs[rk].own, rs[rk].out); err != nil {
 						b.Error(err)
 					}
 				})

@@ -14,10 +14,11 @@ import (
 type Transport interface {
 	Rank() int
 	Ranks() int
-	// SendBlock sends b's rows (kvd floats each) to the next rank.
-	SendBlock(b Block, kvd int) error
-	// RecvBlock receives the previous rank's block into b, reusing its memory.
-	RecvBlock(b *Block, kvd int) error
+	// SendBlocks sends blocks (rows of kvd floats) to the next rank.
+	SendBlocks(bs []Block, kvd int) error
+	// RecvBlocks receives the previous rank's blocks, reusing the memory
+	// of bs.
+	RecvBlocks(bs []Block, kvd int) ([]Block, error)
 	// SendPartial and RecvPartial carry a partial result (M, L, Acc).
 	SendPartial(p *Partial) error
 	RecvPartial(p *Partial) error
@@ -30,7 +31,7 @@ type Ring struct {
 	T   Transport
 	Ops *kernels.Ops
 
-	buf   [2]Block // blocks in flight: received into one while the other is sent
+	buf   [2][]Block // blocks in flight: received into one while the other is sent
 	part  Partial
 	peer  Partial
 	parts []*Partial // by rank, for DecodeAll
@@ -45,15 +46,23 @@ func New(t Transport, ops *kernels.Ops) *Ring {
 }
 
 // Prefill writes into out (rows × QDim) the exact causal attention of this
-// rank's queries q, at positions qPos, over the whole sequence: own is
-// this rank's slice of keys and values, and the other ranks' slices come
-// around the ring. In each of Ranks−1 passes every rank sends the block it
-// holds to the next rank while it receives the previous rank's and merges
-// the attention of its queries over the block it holds; after the last
-// pass each rank has seen every block once. Blocks wholly in the future of
-// a rank's queries still pass through it (they are on their way to later
+// rank's queries q, at positions qPos, over the whole sequence: own is this
+// rank's slice of keys and values, and the other ranks' slices come around
+// the ring. In each of Ranks−1 passes every rank sends the blocks it holds
+// to the next rank while it receives the previous rank's and merges the
+// attention of its queries over the blocks it holds; after the last pass
+// each rank has seen every block once. Blocks wholly in the future of a
+// rank's queries still pass through it (they are on their way to later
 // ranks) but cost no arithmetic there.
 func (r *Ring) Prefill(s Shape, q []float32, qPos []int32, own Block, out []float32) error {
+	return r.PrefillBlocks(s, q, qPos, []Block{own}, out)
+}
+
+// PrefillBlocks is Prefill for a rank that holds several runs of the
+// sequence (own; every rank the same number), its queries at any
+// positions: the zigzag split (Zigzag) gives each rank an early and a late
+// run so the causal work is even.
+func (r *Ring) PrefillBlocks(s Shape, q []float32, qPos []int32, own []Block, out []float32) error {
 	if err := s.Check(); err != nil {
 		return err
 	}
@@ -65,11 +74,12 @@ func (r *Ring) Prefill(s Shape, q []float32, qPos []int32, own Block, out []floa
 		var wg sync.WaitGroup
 		next := &r.buf[pass%2]
 		if pass < P-1 {
-			wg.Add(2)
-			go func() { defer wg.Done(); sendErr = r.T.SendBlock(cur, kvd) }()
-			go func() { defer wg.Done(); recvErr = r.T.RecvBlock(next, kvd) }()
+			wg.Go(func() { sendErr = r.T.SendBlocks(cur, kvd) })
+			wg.Go(func() { *next, recvErr = r.T.RecvBlocks(*next, kvd) })
 		}
-		r.part.Attend(r.Ops, q, qPos, cur)
+		for _, b := range cur {
+			r.part.Attend(r.Ops, q, qPos, b)
+		}
 		wg.Wait()
 		if err := firstErr(sendErr, recvErr); err != nil {
 			return fmt.Errorf("ring attention, rank %d of %d, pass %d: %w", r.T.Rank(), P, pass+1, err)
@@ -78,6 +88,18 @@ func (r *Ring) Prefill(s Shape, q []float32, qPos []int32, own Block, out []floa
 	}
 	r.part.Out(out)
 	return nil
+}
+
+// Zigzag is the load-balanced split of T positions over P ranks: 2P
+// chunks of T/(2P) (the last takes the rest), rank r holding chunks r and
+// 2P−1−r, as half-open ranges. With contiguous slices the last rank's
+// queries see the whole sequence and the first rank's only their own
+// slice (causal work grows as 1, 3, 5, …); paired this way every rank
+// sees about the same number of keys.
+func Zigzag(T, P, rank int) [2][2]int {
+	c := func(i int) int { return i * T / (2 * P) }
+	a, b := rank, 2*P-1-rank
+	return [2][2]int{{c(a), c(a + 1)}, {c(b), c(b + 1)}}
 }
 
 // Decode attends the query rows q (the same on every rank: the new

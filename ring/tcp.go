@@ -21,7 +21,8 @@ import (
 // Then each message is a header, u8 kind, u32 sequence number (messages
 // so far in that direction: both ends must agree), and a body:
 //
-//	'B' block:   i64 start, u32 rows, u32 kvd, rows·kvd f32 keys, rows·kvd f32 values
+//	'B' blocks:  u32 count, then per block: i64 start, u32 rows, u32 kvd,
+//	             rows·kvd f32 keys, rows·kvd f32 values
 //	'P' partial: u32 rows, heads, kv heads, head dim, window, f32 scale,
 //	             rows·heads f32 m, rows·heads f32 l, rows·heads·head dim f32 acc
 //
@@ -235,22 +236,50 @@ func (l *Link) recvErr(err error) error {
 	return l.fail(fmt.Errorf("receive from rank %d: %w", l.from(), err))
 }
 
-// SendBlock implements Transport.
-func (l *Link) SendBlock(b Block, kvd int) error {
+// SendBlocks implements Transport.
+func (l *Link) SendBlocks(bs []Block, kvd int) error {
 	return l.send('B', func(buf []byte) []byte {
-		buf = binary.LittleEndian.AppendUint64(buf, uint64(b.Start))
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(b.K)/kvd))
-		buf = binary.LittleEndian.AppendUint32(buf, uint32(kvd))
-		return appendFloats(appendFloats(buf, b.K), b.V)
+		buf = binary.LittleEndian.AppendUint32(buf, uint32(len(bs)))
+		for _, b := range bs {
+			buf = binary.LittleEndian.AppendUint64(buf, uint64(b.Start))
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(len(b.K)/kvd))
+			buf = binary.LittleEndian.AppendUint32(buf, uint32(kvd))
+			buf = appendFloats(appendFloats(buf, b.K), b.V)
+		}
+		return buf
 	})
 }
 
-// RecvBlock implements Transport.
-func (l *Link) RecvBlock(b *Block, kvd int) error {
+// maxBlocks bounds the blocks of one message.
+const maxBlocks = 1 << 16
+
+// RecvBlocks implements Transport.
+func (l *Link) RecvBlocks(bs []Block, kvd int) ([]Block, error) {
 	c, err := l.recv('B')
 	if err != nil {
-		return err
+		return bs, err
 	}
+	var n [4]byte
+	if _, err := io.ReadFull(c.r, n[:]); err != nil {
+		return bs, l.recvErr(err)
+	}
+	count := int(binary.LittleEndian.Uint32(n[:]))
+	if count > maxBlocks {
+		return bs, l.fail(fmt.Errorf("%d blocks in one message from rank %d", count, l.from()))
+	}
+	for len(bs) < count {
+		bs = append(bs, Block{})
+	}
+	bs = bs[:count]
+	for i := range bs {
+		if err := l.recvBlock(c, &bs[i], kvd); err != nil {
+			return bs, err
+		}
+	}
+	return bs, nil
+}
+
+func (l *Link) recvBlock(c *conn, b *Block, kvd int) error {
 	var h [16]byte
 	if _, err := io.ReadFull(c.r, h[:]); err != nil {
 		return l.recvErr(err)
@@ -260,6 +289,7 @@ func (l *Link) RecvBlock(b *Block, kvd int) error {
 		return l.fail(fmt.Errorf("block of %d rows of %d floats from rank %d, expected rows of %d", rows, got, l.from(), kvd))
 	}
 	b.Start = int(int64(binary.LittleEndian.Uint64(h[:])))
+	var err error
 	if b.K, err = c.readFloats(b.K, rows*kvd); err == nil {
 		b.V, err = c.readFloats(b.V, rows*kvd)
 	}

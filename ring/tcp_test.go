@@ -334,3 +334,64 @@ func TestRingLongPrompt(t *testing.T) {
 		}
 	}
 }
+
+// visibleKeys is the causal work of queries at positions [lo, hi): the
+// keys they see in all.
+func visibleKeys(lo, hi int) int { return (lo + 1 + hi) * (hi - lo) / 2 }
+
+// TestRingZigzag: with the zigzag split each of P = 2, 3, 4 TCP ranks holds
+// two runs of the sequence (an early and a late one) and its queries at
+// those positions; the ranks still get the flat cache's attention, and
+// their causal work is even where contiguous slices give the last rank
+// 2P−1 times the first's.
+func TestRingZigzag(t *testing.T) {
+	s := ring.Shape{NHead: 8, NKVHead: 2, HeadDim: 32}
+	s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
+	const T = 1000
+	p := ring.NewProblem(rand.New(rand.NewPCG(15, 16)), s, 0, T)
+	flat := flatAttention(t, s, p.Q(), p.K(), p.V(), T)
+	qd := s.QDim()
+	for P := 2; P <= 4; P++ {
+		links := startRing(t, P, 10*time.Second)
+		got := make([]float32, T*qd)
+		errs := make([]error, P)
+		work := make([]int, P)
+		var wg sync.WaitGroup
+		for rk := range P {
+			z := ring.Zigzag(T, P, rk)
+			var q []float32
+			var pos []int32
+			var own []ring.Block
+			for _, c := range z {
+				q, pos = append(q, p.Q()[c[0]*qd:c[1]*qd]...), append(pos, p.Pos()[c[0]:c[1]]...)
+				own = append(own, p.Block(c[0], c[1]))
+				work[rk] += visibleKeys(c[0], c[1])
+			}
+			wg.Go(func() {
+				out := make([]float32, len(q))
+				errs[rk] = ring.New(links[rk], nil).PrefillBlocks(s, q, pos, own, out)
+				n := (z[0][1] - z[0][0]) * qd
+				copy(got[z[0][0]*qd:z[0][1]*qd], out[:n])
+				copy(got[z[1][0]*qd:z[1][1]*qd], out[n:])
+			})
+		}
+		wg.Wait()
+		for rk, err := range errs {
+			if err != nil {
+				t.Fatalf("P=%d rank %d: %v", P, rk, err)
+			}
+		}
+		if e := relErr(got, flat); e > 1e-5 {
+			t.Fatalf("P=%d zigzag: error %.3g", P, e)
+		}
+		cw := make([]int, P)
+		for rk := range P {
+			cw[rk] = visibleKeys(rk*T/P, (rk+1)*T/P)
+		}
+		zr, cr := float64(slices.Max(work))/float64(slices.Min(work)), float64(slices.Max(cw))/float64(slices.Min(cw))
+		t.Logf("P=%d: causal work max/min over ranks: zigzag %.3f, contiguous %.2f", P, zr, cr)
+		if zr > 1.02 {
+			t.Fatalf("P=%d zigzag work per rank %v", P, work)
+		}
+	}
+}
