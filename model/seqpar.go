@@ -8,18 +8,19 @@ import (
 )
 
 // SeqRank is one rank of a sequence-parallel group: every rank holds the
-// whole model (weights replicated) and a contiguous slice of one long
-// sequence's tokens and their keys and values, per layer. A layer's
-// attention exchanges K/V blocks with the other ranks around a ring
-// (Ring Attention, package ring), so each rank's rows get exact attention
-// over the whole sequence while no rank ever holds more than its slice and
-// one block in flight.
+// whole model (weights replicated) and its share of one long sequence's
+// tokens and their keys and values, per layer. A layer's attention
+// exchanges K/V blocks with the other ranks around a ring (Ring Attention,
+// package ring), so each rank's rows get exact attention over the whole
+// sequence while no rank ever holds more than its share and the blocks in
+// flight.
 //
-// The group serves one sequence. Prefill steps give each rank its own rows
-// (its slice, continuing where its last prefill left off); decode steps give
-// every rank the same rows, whose keys and values the last rank (the
-// holder of the sequence's tail) keeps, and every rank gets the same
-// attention output (one partial per rank, merged in rank order).
+// The group serves one sequence. Prefill steps give each rank its own
+// rows: one contiguous slice, or several runs (ring.Zigzag's early and late
+// chunk, which even out the causal work). Decode steps give every rank the
+// same rows, right after the whole sequence; the rank holding the
+// sequence's tail keeps their keys and values, and every rank gets the
+// same attention output (one partial per rank, merged in rank order).
 type SeqRank struct {
 	m  *Model
 	be *seqBackend
@@ -30,13 +31,17 @@ type SeqRank struct {
 type seqBackend struct {
 	*cpuBackend
 	ring   *ring.Ring
-	layers []seqSlice
-	decode bool // this step's rows are the same on every rank
+	layers [][]seqRun // per layer, the runs this rank holds in position order
+	decode bool       // this step's rows are the same on every rank
+	store  bool       // this rank keeps this step's keys and values
+	end    int        // the whole sequence's end, as of this step
 	err    error
+	blocks []ring.Block
 }
 
-// seqSlice is a rank's keys and values of one layer: positions start and on.
-type seqSlice struct {
+// seqRun is a run of consecutive positions from start whose keys and
+// values (rows of NKVHead·HeadDim) a rank holds for one layer.
+type seqRun struct {
 	start int
 	k, v  []float32
 }
@@ -58,13 +63,13 @@ func NewSeqRank(m *Model, t ring.Transport) (*SeqRank, error) {
 	if !ok {
 		return nil, errors.New("sequence parallel: the model already computes through another backend")
 	}
-	be := &seqBackend{cpuBackend: cpu, ring: ring.New(t, m.ops), layers: make([]seqSlice, c.NLayer)}
+	be := &seqBackend{cpuBackend: cpu, ring: ring.New(t, m.ops), layers: make([][]seqRun, c.NLayer)}
 	m.be = be
 	return &SeqRank{m: m, be: be}, nil
 }
 
-// Prefill runs this rank's rows of the sequence (consecutive positions,
-// continuing its slice) and returns their logits as Forward does. Every
+// Prefill runs this rank's rows of the sequence (positions increasing,
+// after those it holds) and returns their logits as Forward does. Every
 // rank calls it in the same step.
 func (s *SeqRank) Prefill(b *Batch) ([]float32, error) {
 	s.be.decode = false
@@ -72,7 +77,7 @@ func (s *SeqRank) Prefill(b *Batch) ([]float32, error) {
 }
 
 // Decode runs rows that follow the whole sequence, the same batch on every
-// rank; the last rank stores their keys and values.
+// rank; the rank holding the sequence's tail stores their keys and values.
 func (s *SeqRank) Decode(b *Batch) ([]float32, error) {
 	s.be.decode = true
 	return s.m.Forward(b, nopCache{})
@@ -80,7 +85,11 @@ func (s *SeqRank) Decode(b *Batch) ([]float32, error) {
 
 // Len is the number of positions this rank holds.
 func (s *SeqRank) Len() int {
-	return len(s.be.layers[0].k) / max(1, s.m.Config.NKVHead*s.m.Config.HeadDim)
+	n := 0
+	for _, r := range s.be.layers[0] {
+		n += len(r.k)
+	}
+	return n / max(1, s.m.Config.NKVHead*s.m.Config.HeadDim)
 }
 
 // stepBackend is a Backend that can refuse a step up front and fail
@@ -93,32 +102,63 @@ type stepBackend interface {
 
 func (be *seqBackend) stepErr() error { return be.err }
 
+// holdEnd is one past the last position this rank holds (0: none).
+func (be *seqBackend) holdEnd() int {
+	runs := be.layers[0]
+	if len(runs) == 0 {
+		return 0
+	}
+	r := runs[len(runs)-1]
+	return r.start + len(r.k)/(be.m.Config.NKVHead*be.m.Config.HeadDim)
+}
+
 // beginStep checks that the batch is rows of the one sequence at
-// consecutive positions, continuing this rank's slice when it stores them.
+// increasing positions after those this rank holds, and a decode step's
+// right after the whole sequence.
 func (be *seqBackend) beginStep(b *Batch) error {
 	if be.err != nil {
 		return be.err
 	}
 	for i := 1; i < len(b.Pos); i++ {
-		if b.Pos[i] != b.Pos[i-1]+1 || b.Seq[i] != b.Seq[0] {
-			return fmt.Errorf("sequence parallel: rows must be one sequence at consecutive positions (row %d: position %d after %d)", i, b.Pos[i], b.Pos[i-1])
+		if b.Pos[i] <= b.Pos[i-1] || b.Seq[i] != b.Seq[0] {
+			return fmt.Errorf("sequence parallel: rows must be one sequence at increasing positions (row %d: position %d after %d)", i, b.Pos[i], b.Pos[i-1])
 		}
 	}
-	sl := &be.layers[0]
-	kvd := be.m.Config.NKVHead * be.m.Config.HeadDim
-	if end := sl.start + len(sl.k)/kvd; be.stores() && len(sl.k) > 0 && int(b.Pos[0]) != end {
-		return fmt.Errorf("sequence parallel: rank %d holds positions [%d, %d); rows from %d do not continue them", be.ring.T.Rank(), sl.start, end, b.Pos[0])
+	rank := be.ring.T.Rank()
+	switch end := be.holdEnd(); {
+	case be.decode && be.end == 0:
+		return errors.New("sequence parallel: decode before any prefill")
+	case be.decode && (int(b.Pos[0]) != be.end || int(b.Pos[len(b.Pos)-1]) != be.end+len(b.Pos)-1):
+		return fmt.Errorf("sequence parallel: decode rows must be positions [%d, %d), right after the sequence", be.end, be.end+len(b.Pos))
+	case !be.decode && int(b.Pos[0]) < end:
+		return fmt.Errorf("sequence parallel: rank %d holds positions up to %d; rows from %d do not follow them", rank, end, b.Pos[0])
+	}
+	// A rank keeps all its prefill rows, and decode rows if it holds the
+	// sequence's tail (exactly one rank does).
+	be.store = !be.decode || be.holdEnd() == be.end
+	if be.decode {
+		be.end += len(b.Pos)
 	}
 	return nil
 }
 
-// stores is whether this rank keeps this step's keys and values.
-func (be *seqBackend) stores() bool {
-	return !be.decode || be.ring.T.Rank() == be.ring.T.Ranks()-1
+// keep appends the batch rows' keys and values to layer li's runs.
+func (be *seqBackend) keep(li int, b *Batch, k, v []float32, kvd int) {
+	runs := be.layers[li]
+	for i, p := range b.Pos {
+		n := len(runs)
+		if n == 0 || runs[n-1].start+len(runs[n-1].k)/kvd != int(p) {
+			runs = append(runs, seqRun{start: int(p)})
+			n++
+		}
+		r := &runs[n-1]
+		r.k, r.v = append(r.k, k[i*kvd:(i+1)*kvd]...), append(r.v, v[i*kvd:(i+1)*kvd]...)
+	}
+	be.layers[li] = runs
 }
 
-// Attend keeps the rows' keys and values in this rank's slice (if it
-// holds them) and attends every row over all ranks' slices.
+// Attend keeps the rows' keys and values (if this rank holds them) and
+// attends every row over all ranks' runs.
 func (be *seqBackend) Attend(li int, b *Batch, _ KVCache, q, k, v, att []float32, ap AttnParams) {
 	T := len(b.Tokens)
 	qd, kvd := ap.NHead*ap.HeadDim, ap.NKVHead*ap.HeadDim
@@ -126,20 +166,20 @@ func (be *seqBackend) Attend(li int, b *Batch, _ KVCache, q, k, v, att []float32
 		clear(att[:T*qd])
 		return
 	}
-	sl := &be.layers[li]
-	if be.stores() {
-		if len(sl.k) == 0 {
-			sl.start = int(b.Pos[0])
-		}
-		sl.k, sl.v = append(sl.k, k[:T*kvd]...), append(sl.v, v[:T*kvd]...)
+	if be.store {
+		be.keep(li, b, k, v, kvd)
+	}
+	be.blocks = be.blocks[:0]
+	for _, r := range be.layers[li] {
+		be.blocks = append(be.blocks, ring.Block{Start: r.start, K: r.k, V: r.v})
 	}
 	s := ring.Shape{NHead: ap.NHead, NKVHead: ap.NKVHead, HeadDim: ap.HeadDim, Scale: ap.Scale, Window: ap.Window}
-	own := ring.Block{Start: sl.start, K: sl.k, V: sl.v}
 	var err error
 	if be.decode {
-		err = be.ring.DecodeAll(s, q[:T*qd], b.Pos, own, att[:T*qd])
+		err = be.ring.DecodeAllBlocks(s, q[:T*qd], b.Pos, be.blocks, att[:T*qd])
 	} else {
-		err = be.ring.Prefill(s, q[:T*qd], b.Pos, own, att[:T*qd])
+		err = be.ring.PrefillBlocks(s, q[:T*qd], b.Pos, be.blocks, att[:T*qd])
+		be.end = be.ring.End()
 	}
 	if err != nil {
 		be.err = fmt.Errorf("sequence parallel: layer %d: %w", li, err)

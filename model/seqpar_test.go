@@ -106,69 +106,115 @@ func seqParallelModel(t *testing.T, path string, T int) {
 		}
 		wantDec = append(wantDec, l)
 	}
-	V := whole.Config.VocabSize
 	for P := 2; P <= 4; P++ {
-		cuts := []int{0}
-		for i := 1; i < P; i++ {
-			cuts = append(cuts, i*T/P+(i%2)*37-11)
-		}
-		cuts = append(cuts, T)
-		ranks := make([]*SeqRank, P)
-		for i, l := range seqLinks(t, P, 20*time.Second) {
-			m, err := Open(path, opts)
-			if err != nil {
-				t.Fatal(err)
+		contiguous := make([][][2]int, P)
+		zigzag := make([][][2]int, P)
+		cut := func(i int) int { // uneven
+			if i == 0 || i == P {
+				return i * T / P
 			}
-			defer m.Close()
-			if ranks[i], err = NewSeqRank(m, l); err != nil {
-				t.Fatal(err)
-			}
+			return i*T/P + (i%2)*37 - 11
 		}
-		got := make([][]float32, P)
-		errs := make([]error, P)
-		var wg sync.WaitGroup
 		for i := range P {
-			wg.Go(func() { got[i], errs[i] = ranks[i].Prefill(chunkBatch(tokens, cuts[i], cuts[i+1])) })
+			contiguous[i] = [][2]int{{cut(i), cut(i + 1)}}
+			z := ring.Zigzag(T, P, i)
+			zigzag[i] = z[:]
+		}
+		seqLayout(t, path, opts, tokens, want, wantDec, "contiguous", contiguous)
+		seqLayout(t, path, opts, tokens, want, wantDec, "zigzag", zigzag)
+	}
+}
+
+// runsBatch is the rows of runs (half-open position ranges), every row's
+// logits wanted.
+func runsBatch(tokens []int32, runs [][2]int) *Batch {
+	b := &Batch{}
+	for _, r := range runs {
+		c := chunkBatch(tokens, r[0], r[1])
+		b.Tokens, b.Pos = append(b.Tokens, c.Tokens...), append(b.Pos, c.Pos...)
+		b.Seq, b.Logits = append(b.Seq, c.Seq...), append(b.Logits, c.Logits...)
+	}
+	return b
+}
+
+// seqLayout runs the prompt over len(layout) ranks, rank i holding the
+// runs layout[i], then two decode steps, against the single process's
+// logits (want: every prompt row; wantDec: each decode step).
+func seqLayout(t *testing.T, path string, opts Options, tokens []int32, want []float32, wantDec [][]float32, name string, layout [][][2]int) {
+	P, T := len(layout), len(tokens)-2
+	ranks := make([]*SeqRank, P)
+	for i, l := range seqLinks(t, P, 20*time.Second) {
+		m, err := Open(path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if ranks[i], err = NewSeqRank(m, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	V := len(wantDec[0])
+	got := make([][]float32, P)
+	errs := make([]error, P)
+	var wg sync.WaitGroup
+	for i := range P {
+		wg.Go(func() { got[i], errs[i] = ranks[i].Prefill(runsBatch(tokens, layout[i])) })
+	}
+	wg.Wait()
+	var worst, last float64
+	tail, held := -1, make([]int, P)
+	for i := range P {
+		if errs[i] != nil {
+			t.Fatalf("%s P=%d rank %d prefill: %v", name, P, i, errs[i])
+		}
+		off := 0
+		for _, r := range layout[i] {
+			n := (r[1] - r[0]) * V
+			closeTo(t, name+" prefill logits", got[i][off:off+n], want[r[0]*V:r[1]*V], 1e-4)
+			worst = max(worst, maxAbsDiff(got[i][off:off+n], want[r[0]*V:r[1]*V]))
+			if r[1] == T {
+				tail, last = i, maxAbsDiff(got[i][off+n-V:off+n], want[(T-1)*V:])
+			}
+			off, held[i] = off+n, held[i]+r[1]-r[0]
+		}
+		if ranks[i].Len() != held[i] {
+			t.Fatalf("%s P=%d rank %d holds %d positions, want %d", name, P, i, ranks[i].Len(), held[i])
+		}
+	}
+	t.Logf("%s P=%d %v: prefill logits max |Δ| %.3g (last token, on rank %d: %.3g)", name, P, layout, worst, tail, last)
+	for step := range 2 {
+		for i := range P {
+			wg.Go(func() { got[i], errs[i] = ranks[i].Decode(chunkBatch(tokens, T+step, T+step+1)) })
 		}
 		wg.Wait()
-		var worst float64
 		for i := range P {
 			if errs[i] != nil {
-				t.Fatalf("P=%d rank %d prefill: %v", P, i, errs[i])
+				t.Fatalf("%s P=%d rank %d decode: %v", name, P, i, errs[i])
 			}
-			lo, hi := cuts[i], cuts[i+1]
-			if ranks[i].Len() != hi-lo {
-				t.Fatalf("P=%d rank %d holds %d positions, want %d", P, i, ranks[i].Len(), hi-lo)
+			if !slices.Equal(got[i], got[0]) {
+				t.Fatalf("%s P=%d decode %d: rank %d's logits differ from rank 0's", name, P, step, i)
 			}
-			closeTo(t, "prefill logits", got[i], want[lo*V:hi*V], 1e-4)
-			worst = max(worst, maxAbsDiff(got[i], want[lo*V:hi*V]))
 		}
-		last := got[P-1][len(got[P-1])-V:]
-		t.Logf("P=%d chunks %v: prefill logits max |Δ| %.3g (last token %.3g)", P, cuts, worst, maxAbsDiff(last, want[(T-1)*V:]))
-		for step := range 2 {
-			for i := range P {
-				wg.Go(func() { got[i], errs[i] = ranks[i].Decode(chunkBatch(tokens, T+step, T+step+1)) })
-			}
-			wg.Wait()
-			for i := range P {
-				if errs[i] != nil {
-					t.Fatalf("P=%d rank %d decode: %v", P, i, errs[i])
-				}
-				if !slices.Equal(got[i], got[0]) {
-					t.Fatalf("P=%d decode %d: rank %d's logits differ from rank 0's", P, step, i)
-				}
-			}
-			closeTo(t, "decode logits", got[0], wantDec[step], 1e-4)
-			t.Logf("P=%d decode %d: max |Δ| %.3g", P, step, maxAbsDiff(got[0], wantDec[step]))
-		}
-		if ranks[P-1].Len() != T-cuts[P-1]+2 || ranks[0].Len() != cuts[1] {
-			t.Fatalf("after decode: the last rank holds %d positions, the first %d", ranks[P-1].Len(), ranks[0].Len())
+		closeTo(t, name+" decode logits", got[0], wantDec[step], 1e-4)
+		t.Logf("%s P=%d decode %d: max |Δ| %.3g", name, P, step, maxAbsDiff(got[0], wantDec[step]))
+	}
+	for i := range P {
+		if w := held[i] + 2*b2i(i == tail); ranks[i].Len() != w {
+			t.Fatalf("%s P=%d after decode: rank %d holds %d positions, want %d (the tail is on rank %d)", name, P, i, ranks[i].Len(), w, tail)
 		}
 	}
 }
 
-// TestSequenceParallelRefusals: a batch that does not continue the rank's
-// slice is refused with the reason, and a rank whose link is cut makes the
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// TestSequenceParallelRefusals: rows out of order, before the rank's own,
+// a decode before the prompt or not right after it are refused with the
+// reason, and a rank whose link is cut makes the
 // others' step fail rather than hang.
 func TestSequenceParallelRefusals(t *testing.T) {
 	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-gqa.F32.gguf")
@@ -188,8 +234,11 @@ func TestSequenceParallelRefusals(t *testing.T) {
 		}
 	}
 	tokens := []int32{1, 5, 9, 13, 17, 21, 25, 29}
-	if _, err := ranks[0].Prefill(&Batch{Tokens: tokens[:2], Pos: []int32{0, 2}, Seq: []int32{0, 0}}); err == nil || !strings.Contains(err.Error(), "consecutive") {
-		t.Fatalf("gapped rows: %v", err)
+	if _, err := ranks[0].Prefill(&Batch{Tokens: tokens[:2], Pos: []int32{2, 1}, Seq: []int32{0, 0}}); err == nil || !strings.Contains(err.Error(), "increasing") {
+		t.Fatalf("rows out of order: %v", err)
+	}
+	if _, err := ranks[0].Decode(chunkBatch(tokens, 0, 1)); err == nil || !strings.Contains(err.Error(), "before any prefill") {
+		t.Fatalf("decode before prefill: %v", err)
 	}
 	var wg sync.WaitGroup
 	errs := make([]error, 2)
@@ -200,8 +249,11 @@ func TestSequenceParallelRefusals(t *testing.T) {
 	if errs[0] != nil || errs[1] != nil {
 		t.Fatal(errs)
 	}
-	if _, err := ranks[0].Prefill(chunkBatch(tokens, 6, 7)); err == nil || !strings.Contains(err.Error(), "do not continue") {
-		t.Fatalf("rows past another rank's: %v", err)
+	if _, err := ranks[0].Prefill(chunkBatch(tokens, 2, 3)); err == nil || !strings.Contains(err.Error(), "do not follow") {
+		t.Fatalf("rows before the rank's last: %v", err)
+	}
+	if _, err := ranks[0].Decode(chunkBatch(tokens, 7, 8)); err == nil || !strings.Contains(err.Error(), "right after the sequence") {
+		t.Fatalf("decode inside the sequence: %v", err)
 	}
 	links[1].Close()
 	start := time.Now()

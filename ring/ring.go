@@ -35,7 +35,12 @@ type Ring struct {
 	part  Partial
 	peer  Partial
 	parts []*Partial // by rank, for DecodeAll
+	end   int        // see End
 }
+
+// End is one past the last position of all the blocks the last prefill
+// saw: the end of the whole sequence, on every rank.
+func (r *Ring) End() int { return r.end }
 
 // New is a ring over t computing with ops (nil: kernels.Best()).
 func New(t Transport, ops *kernels.Ops) *Ring {
@@ -59,8 +64,7 @@ func (r *Ring) Prefill(s Shape, q []float32, qPos []int32, own Block, out []floa
 }
 
 // PrefillBlocks is Prefill for a rank that holds several runs of the
-// sequence (own; every rank the same number), its queries at any
-// positions: the zigzag split (Zigzag) gives each rank an early and a late
+// sequence (own, in any number), its queries at any positions: the zigzag split (Zigzag) gives each rank an early and a late
 // run so the causal work is even.
 func (r *Ring) PrefillBlocks(s Shape, q []float32, qPos []int32, own []Block, out []float32) error {
 	if err := s.Check(); err != nil {
@@ -68,6 +72,7 @@ func (r *Ring) PrefillBlocks(s Shape, q []float32, qPos []int32, own []Block, ou
 	}
 	kvd, P := s.KVDim(), r.T.Ranks()
 	r.part.Reset(s, len(qPos))
+	r.end = 0
 	cur := own
 	for pass := 0; pass < P; pass++ {
 		var sendErr, recvErr error
@@ -79,6 +84,7 @@ func (r *Ring) PrefillBlocks(s Shape, q []float32, qPos []int32, own []Block, ou
 		}
 		for _, b := range cur {
 			r.part.Attend(r.Ops, q, qPos, b)
+			r.end = max(r.end, b.Start+b.Len(s))
 		}
 		wg.Wait()
 		if err := firstErr(sendErr, recvErr); err != nil {
@@ -141,6 +147,11 @@ func (r *Ring) Decode(s Shape, q []float32, qPos []int32, own Block, out []float
 // them in rank order. A layer stack needs this, since every rank's next
 // layer reads the attention output.
 func (r *Ring) DecodeAll(s Shape, q []float32, qPos []int32, own Block, out []float32) error {
+	return r.DecodeAllBlocks(s, q, qPos, []Block{own}, out)
+}
+
+// DecodeAllBlocks is DecodeAll for a rank that holds several runs.
+func (r *Ring) DecodeAllBlocks(s Shape, q []float32, qPos []int32, own []Block, out []float32) error {
 	if err := s.Check(); err != nil {
 		return err
 	}
@@ -150,7 +161,9 @@ func (r *Ring) DecodeAll(s Shape, q []float32, qPos []int32, own Block, out []fl
 	}
 	mine := r.parts[rank]
 	mine.Reset(s, len(qPos))
-	mine.Attend(r.Ops, q, qPos, own)
+	for _, b := range own {
+		mine.Attend(r.Ops, q, qPos, b)
+	}
 	for pass := 1; pass < P; pass++ {
 		// Send the partial of rank − pass + 1, receive that of rank − pass.
 		send, recv := r.parts[(rank-pass+1+P)%P], r.parts[(rank-pass+P)%P]
