@@ -49,8 +49,12 @@ type conn struct {
 
 const (
 	magic = "RING"
-	// DefaultTimeout bounds one message (and joining the ring).
-	DefaultTimeout = 30 * time.Second
+	// DefaultTimeout bounds one message (and joining the ring). A rank
+	// waits for its previous rank's block while that rank computes a pass,
+	// so the bound must exceed the slowest rank's pass (about (T/P)² ·
+	// heads · head dim multiply-adds, twice); as the tensor-parallel
+	// mesh's, it is two minutes.
+	DefaultTimeout = 2 * time.Minute
 	// maxFloats bounds what a peer's header can make this rank allocate (1 GiB).
 	maxFloats = 1 << 28
 )

@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -270,16 +271,23 @@ func TestRingBrokenLink(t *testing.T) {
 }
 
 // TestRingLongPrompt: a 4096-token prompt (and 16384 and 32768 with
-// PAGODA_RING_LONG=1) over P = 2 and 4 ranks on TCP gives the flat KV
+// PAGODA_RING_LONG=1, or the lengths it lists; PAGODA_RING_P lists the
+// ring sizes) over P = 2 and 4 ranks on TCP gives the flat KV
 // cache's attention at every row, and the float64 reference at 64 sampled
 // rows, within 1e-5.
 func TestRingLongPrompt(t *testing.T) {
 	if testing.Short() {
 		t.Skip("long prompt: not in -short")
 	}
-	lengths := []int{4096}
-	if os.Getenv("PAGODA_RING_LONG") != "" {
-		lengths = append(lengths, 16384, 32768)
+	lengths, ranks := []int{4096}, []int{2, 4}
+	if env := os.Getenv("PAGODA_RING_LONG"); env != "" {
+		lengths = envInts(env) // "1": 4096, 16384 and 32768
+		if len(lengths) == 1 && lengths[0] == 1 {
+			lengths = []int{4096, 16384, 32768}
+		}
+	}
+	if env := os.Getenv("PAGODA_RING_P"); env != "" {
+		ranks = envInts(env)
 	}
 	s := ring.Shape{NHead: 4, NKVHead: 2, HeadDim: 32}
 	s.Scale = float32(1 / math.Sqrt(float64(s.HeadDim)))
@@ -304,8 +312,11 @@ func TestRingLongPrompt(t *testing.T) {
 			}
 			return g, w
 		}
-		for _, P := range []int{2, 4} {
-			links := startRing(t, P, time.Minute)
+		for _, P := range ranks {
+			// A rank waits for its previous rank's block while that rank
+			// computes a pass: at 32k tokens on a loaded machine that is
+			// minutes, so the deadline is set well above it.
+			links := startRing(t, P, 15*time.Minute)
 			cuts := unevenCuts(T, P)
 			got := make([]float32, T*qd)
 			errs := make([]error, P)
@@ -394,4 +405,15 @@ func TestRingZigzag(t *testing.T) {
 			t.Fatalf("P=%d zigzag work per rank %v", P, work)
 		}
 	}
+}
+
+func envInts(s string) []int {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err == nil && n > 0 {
+			out = append(out, n)
+		}
+	}
+	return out
 }
