@@ -279,6 +279,11 @@ func (m *Model) begin(b *Batch, kv KVCache) error {
 			return fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], limit)
 		}
 	}
+	if sb, ok := m.be.(stepBackend); ok {
+		if err := sb.beginStep(b); err != nil {
+			return err
+		}
+	}
 	if err := kv.Begin(b); err != nil {
 		return fmt.Errorf("model: %w", err)
 	}
@@ -340,6 +345,11 @@ func (m *Model) trunk(b *Batch, kv KVCache, in []float32) error {
 	for li := m.stage.Lo; li < m.stage.Hi; li++ {
 		m.attn.forward(m, li, b, kv)
 		m.ffns[li].forward(m, li, b, kv)
+	}
+	if sb, ok := m.be.(stepBackend); ok {
+		// An exchange failed inside a layer (which has no error path);
+		// the rows computed after it are not to be used.
+		return sb.stepErr()
 	}
 	return nil
 }
