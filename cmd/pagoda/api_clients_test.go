@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -42,6 +43,14 @@ func nodeModules(t *testing.T) (node, mods string) {
 // returns its base URL; the server is stopped when the test ends.
 func startServe(t *testing.T, args ...string) string {
 	t.Helper()
+	base, _ := startServeLog(t, args...)
+	return base
+}
+
+// startServeLog is startServe that also returns what the server has
+// logged so far.
+func startServeLog(t *testing.T, args ...string) (string, func() string) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(ctx, bin, append([]string{"serve", "--host", "127.0.0.1", "--port", "0"}, args...)...)
 	cmd.Env = append(os.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "HOME="+t.TempDir())
@@ -56,12 +65,20 @@ func startServe(t *testing.T, args ...string) string {
 	}
 	t.Cleanup(func() { cancel(); _ = cmd.Wait() })
 	found := make(chan string, 1)
+	var mu sync.Mutex
 	var log bytes.Buffer
+	logged := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return log.String()
+	}
 	go func() {
 		re := regexp.MustCompile(`serving \S+ on (http://127\.0\.0\.1:\d+)`)
 		sc := bufio.NewScanner(stderr)
 		for sc.Scan() {
+			mu.Lock()
 			log.WriteString(sc.Text() + "\n")
+			mu.Unlock()
 			if m := re.FindStringSubmatch(sc.Text()); m != nil {
 				found <- m[1]
 			}
@@ -71,13 +88,13 @@ func startServe(t *testing.T, args ...string) string {
 	select {
 	case u, ok := <-found:
 		if !ok {
-			t.Fatalf("pagoda serve exited before listening:\n%s", log.String())
+			t.Fatalf("pagoda serve exited before listening:\n%s", logged())
 		}
-		return u
+		return u, logged
 	case <-time.After(60 * time.Second):
 		t.Fatalf("pagoda serve did not start within 60s")
 	}
-	return ""
+	return "", nil
 }
 
 // TestAPIClients runs the official openai, ollama and @anthropic-ai/sdk
