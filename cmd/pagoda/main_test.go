@@ -193,3 +193,23 @@ func TestQuantizeProgressSummary(t *testing.T) {
 		t.Errorf("stderr redraws a line though it is no terminal: %q", stderr)
 	}
 }
+
+// TestNotAModelFile checks that a file or folder that is none of the
+// model formats is named as such, with the formats listed.
+func TestNotAModelFile(t *testing.T) {
+	text := filepath.Join(t.TempDir(), "notes.txt")
+	if err := os.WriteFile(text, []byte("root:x:0:0:root:/root:/bin/bash\nthis is a text file, not a model\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ m, want string }{
+		{text, text + " is not a model file: Pagoda reads GGUF files (.gguf), llama2.c checkpoints (.bin) and Hugging Face directories"},
+		{t.TempDir(), "is not a model directory (no config.json)"},
+	} {
+		for _, cmd := range [][]string{{"run", "-m", c.m, "-p", "hi"}, {"serve", "-m", c.m, "--port", "0"}, {"inspect", c.m}} {
+			code, _, stderr := pagoda(t, cmd...)
+			if code != 1 || !strings.Contains(stderr, c.want) {
+				t.Errorf("pagoda %v: exit %d, stderr:\n%s", cmd, code, stderr)
+			}
+		}
+	}
+}
