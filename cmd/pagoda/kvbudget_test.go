@@ -62,3 +62,18 @@ func TestServeDefaultKVBudget(t *testing.T) {
 		t.Fatalf("%d blocks logged; engine view %+v, %d block states", n, v.KV, len(v.Blocks.State))
 	}
 }
+
+// TestPS runs pagoda ps against a server of the built-in model, and
+// against none.
+func TestPS(t *testing.T) {
+	base, _ := startServeLog(t)
+	code, out, stderr := pagoda(t, "ps", "--host", base)
+	re := regexp.MustCompile(`(?m)^stories260K\s+293K\s+F32\s+\d+\.\d MiB\s+2048\s+0/516 blocks of 16 tokens in use \(0%\), 0 cached\s+0 running, 0 waiting$`)
+	if code != 0 || !strings.HasPrefix(out, "NAME") || !re.MatchString(out) {
+		t.Fatalf("exit %d\nstdout:\n%s\nstderr:\n%s", code, out, stderr)
+	}
+	code, _, stderr = pagoda(t, "ps", "--host", "127.0.0.1:1")
+	if code != 1 || !strings.Contains(stderr, "no server answered at http://127.0.0.1:1") {
+		t.Fatalf("no server: exit %d, %s", code, stderr)
+	}
+}
