@@ -213,3 +213,25 @@ func TestNotAModelFile(t *testing.T) {
 		}
 	}
 }
+
+// TestQuantizeRequantizeNamesFlag checks that quantizing the README's own
+// synth output (already Q4_0) names quantize's flag, not a Go field or
+// another tool's, and that the flag then works.
+func TestQuantizeRequantizeNamesFlag(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "tiny.gguf"), filepath.Join(dir, "tiny-q4k.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-preset", "tiny", "-type", "Q4_0", "-o", in); code != 0 {
+		t.Fatalf("synth: %s", stderr)
+	}
+	code, _, stderr := pagoda(t, "quantize", in, out, "-type", "Q4_K")
+	if code != 1 || !strings.Contains(stderr, "is already quantized") || !strings.Contains(stderr, "pass --allow-requantize") ||
+		strings.Contains(stderr, "AllowRequantize") || strings.Contains(stderr, "llama-quantize") {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused quantize left %s: %v", out, err)
+	}
+	if code, _, stderr := pagoda(t, "quantize", in, out, "-type", "Q4_K", "--allow-requantize"); code != 0 {
+		t.Fatalf("with --allow-requantize: exit %d, %s", code, stderr)
+	}
+}
