@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -233,5 +235,30 @@ func TestQuantizeRequantizeNamesFlag(t *testing.T) {
 	}
 	if code, _, stderr := pagoda(t, "quantize", in, out, "-type", "Q4_K", "--allow-requantize"); code != 0 {
 		t.Fatalf("with --allow-requantize: exit %d, %s", code, stderr)
+	}
+}
+
+// TestSynthBERT checks that synth -preset bert writes an encoder that
+// embed and serve take as one (the README's stand-in for bge-small.gguf).
+func TestSynthBERT(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "bge-small.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-preset", "bert", "-o", p); code != 0 {
+		t.Fatalf("synth: %s", stderr)
+	}
+	code, stdout, stderr := pagoda(t, "embed", "-m", p, "a text", "another")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != 0 || len(lines) != 2 {
+		t.Fatalf("embed: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var e struct{ Embedding []float64 }
+	if err := json.Unmarshal([]byte(lines[1]), &e); err != nil || len(e.Embedding) != 64 {
+		t.Fatalf("%v: %s", err, lines[1])
+	}
+	var n float64
+	for _, v := range e.Embedding {
+		n += v * v
+	}
+	if math.Abs(n-1) > 1e-4 {
+		t.Errorf("embedding's squared norm %v, want 1", n)
 	}
 }
