@@ -149,3 +149,14 @@ func resolveFileType(t quant.Type, mix string) (*fileType, bool, error) {
 	}
 	return match, pure, nil
 }
+
+// FileTypeName is llama-quantize's name for a general.file_type value
+// ("Q4_K_M", "F16"), or "" for a number it does not know.
+func FileTypeName(id uint32) string {
+	for _, ft := range fileTypes {
+		if ft.id == id {
+			return ft.name
+		}
+	}
+	return ""
+}

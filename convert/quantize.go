@@ -12,6 +12,17 @@ import (
 	"pagoda/quant"
 )
 
+// RequantizeError refuses to quantize a tensor that already is: the
+// rounding errors add up. QuantizeOptions.AllowRequantize allows it.
+type RequantizeError struct {
+	Tensor string
+	Type   quant.Type
+}
+
+func (e *RequantizeError) Error() string {
+	return fmt.Sprintf("tensor %q is already %s: requantizing loses quality (QuantizeOptions.AllowRequantize allows it)", e.Tensor, e.Type)
+}
+
 // QuantizeOptions configure Quantize.
 type QuantizeOptions struct {
 	// Type is the target of the 2-D weights, e.g. quant.Q4_K.
@@ -167,7 +178,7 @@ func planTensors(src *source, ft *fileType, pure bool, o *QuantizeOptions) ([]pl
 			}
 			if isQuantized(t.typ) {
 				if !o.AllowRequantize {
-					return nil, fmt.Errorf("tensor %q is already %s: requantizing loses quality and needs AllowRequantize (llama-quantize --allow-requantize)", t.name, t.typ)
+					return nil, &RequantizeError{Tensor: t.name, Type: t.typ}
 				}
 				requant = append(requant, t.name)
 			}

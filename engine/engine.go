@@ -261,19 +261,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	if cfg.ModelName == "" {
 		cfg.ModelName = "pagoda"
 	}
-	kcfg := kvcache.Config{
-		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
-		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
-		DType: cfg.KVDType, KFormat: cfg.KVFormatK, VFormat: cfg.KVFormatV, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
-		Policy: cfg.KVPolicy, Rope: cfg.KVRope, Events: cfg.KVEvents,
-	}
-	if cfg.KVLatent {
-		layers := make([]int, cfg.NLayer)
-		for i := range layers {
-			layers[i] = i
-		}
-		kcfg.Groups = []kvcache.GroupSpec{{Layers: layers, NKVHead: cfg.NKVHead, KDim: cfg.HeadDim}}
-	}
+	kcfg := kvConfig(cfg)
 	if kcfg.NumBlocks == 0 && kcfg.Bytes == 0 {
 		// Every format's bytes are linear in the block's tokens, so this
 		// is exact, and it counts a quantized format's scales.
@@ -311,6 +299,29 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	e.publish()
 	return e, nil
 }
+
+// kvConfig is the KV cache configuration cfg asks for.
+func kvConfig(cfg Config) kvcache.Config {
+	kcfg := kvcache.Config{
+		NLayer: cfg.NLayer, NKVHead: cfg.NKVHead, HeadDim: cfg.HeadDim,
+		BlockSize: cfg.BlockSize, NumBlocks: cfg.KVBlocks, Bytes: cfg.KVBytes,
+		DType: cfg.KVDType, KFormat: cfg.KVFormatK, VFormat: cfg.KVFormatV, PrefixCache: !cfg.DisablePrefixCache, Window: cfg.SlidingWindow, Ops: cfg.Ops,
+		Policy: cfg.KVPolicy, Rope: cfg.KVRope, Events: cfg.KVEvents,
+	}
+	if cfg.KVLatent {
+		layers := make([]int, cfg.NLayer)
+		for i := range layers {
+			layers[i] = i
+		}
+		kcfg.Groups = []kvcache.GroupSpec{{Layers: layers, NKVHead: cfg.NKVHead, KDim: cfg.HeadDim}}
+	}
+	return kcfg
+}
+
+// KVBlockBytes is the pool storage of one KV block under cfg (every
+// layer group, K and V, scales included): what sizing a budget in blocks
+// needs before the engine exists.
+func KVBlockBytes(cfg Config) int64 { return kvConfig(cfg).BlockBytes() }
 
 // mulCap is a*b for non-negative a and b, or limit when the product
 // exceeds it: a model's context length times the sequence count can wrap

@@ -101,7 +101,10 @@ func (c Cache) repoFiles(r Ref) []File {
 
 // Entry is one cached model.
 type Entry struct {
-	Name string // the path under the cache folder, with '/' separators
+	// Name is the reference pull took (hf.co/OWNER/REPO:QUANT, or the
+	// URL) when that reference finds this file again; otherwise File.
+	Name string
+	File string // the path under the cache folder, with '/' separators
 	Size int64
 	Path string
 }
@@ -125,11 +128,33 @@ func (c Cache) List() ([]Entry, error) {
 			return err
 		}
 		rel, _ := filepath.Rel(c.Dir, p)
-		out = append(out, Entry{Name: filepath.ToSlash(rel), Size: info.Size(), Path: p})
+		rel = filepath.ToSlash(rel)
+		out = append(out, Entry{Name: c.refName(rel, p), File: rel, Size: info.Size(), Path: p})
 		return nil
 	})
 	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
 	return out, err
+}
+
+// refName is the reference that pulls the cached file rel (at p) and
+// finds it again: hf.co/OWNER/REPO:QUANT for a hub file (the QUANT its
+// name carries, as Pick matches it), https://HOST/PATH for a URL's.
+// Without one that finds p it is rel.
+func (c Cache) refName(rel, p string) string {
+	parts := strings.Split(rel, "/")
+	name := "https://" + rel
+	if len(parts) >= 4 && parts[0] == "hf.co" {
+		name = "hf.co/" + parts[1] + "/" + parts[2]
+		if q := QuantOf(parts[len(parts)-1]); q != "" {
+			name += ":" + q
+		}
+	}
+	if r, err := ParseRef(name); err == nil {
+		if got, ok := c.Lookup(r); ok && got == p {
+			return name
+		}
+	}
+	return rel
 }
 
 // Remove deletes one cached model, named as List names it or by the

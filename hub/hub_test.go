@@ -294,6 +294,16 @@ func TestPullURL(t *testing.T) {
 	if !strings.HasPrefix(p, cache.Dir) || filepath.Base(p) != "m-Q2_K.gguf" {
 		t.Errorf("URL pulled to %s", p)
 	}
+	// list names it by the URL (https, as the cache keeps no scheme), and
+	// that name removes it.
+	l, err := cache.List()
+	host := strings.TrimPrefix(h.cdn.URL, "http://")
+	if err != nil || len(l) != 1 || l[0].Name != "https://"+host+"/cdn/m-Q2_K.gguf" || l[0].Path != p {
+		t.Fatalf("List = %+v, %v", l, err)
+	}
+	if got, err := cache.Remove(l[0].Name); err != nil || got != p {
+		t.Fatalf("Remove(%s) = %s, %v", l[0].Name, got, err)
+	}
 }
 
 func TestListAndRemove(t *testing.T) {
@@ -310,7 +320,8 @@ func TestListAndRemove(t *testing.T) {
 	}
 	os.WriteFile(filepath.Join(cache.Dir, "hf.co", "own", "repo", "x.gguf.partial"), nil, 0o644)
 	l, err := cache.List()
-	if err != nil || len(l) != 2 || l[0].Name != "hf.co/own/repo/m-Q4_K_M.gguf" || l[0].Size != 200<<10 || l[1].Name != "hf.co/own/repo/m-Q8_0.gguf" {
+	if err != nil || len(l) != 2 || l[0].Name != "hf.co/own/repo:Q4_K_M" || l[0].File != "hf.co/own/repo/m-Q4_K_M.gguf" || l[0].Size != 200<<10 ||
+		l[1].Name != "hf.co/own/repo:Q8_0" || l[1].File != "hf.co/own/repo/m-Q8_0.gguf" {
 		t.Fatalf("List = %+v, %v", l, err)
 	}
 	if _, err := cache.Remove("hf.co/own/repo"); err == nil || !strings.Contains(err.Error(), "Q4_K_M, Q8_0") {

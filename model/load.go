@@ -1,8 +1,11 @@
 package model
 
 import (
+	"cmp"
+	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"strconv"
 	"strings"
@@ -63,6 +66,22 @@ func Open(path string, o Options) (*Model, error) {
 	return m, nil
 }
 
+// modelFormats says what -m takes, for errors about files that are none.
+const modelFormats = "Pagoda reads GGUF files (.gguf), llama2.c checkpoints (.bin) and Hugging Face directories (config.json with *.safetensors)"
+
+// notModelFile words a failed llama2.c read, the format tried last: a
+// file that is no llama2.c checkpoint either is no model file at all,
+// which says more than the llama2.c header field that looked wrong. Errors
+// reading the file (a *fs.PathError) stay as they are.
+func notModelFile(path string, err error) error {
+	var pe *fs.PathError
+	if errors.As(err, &pe) {
+		return err
+	}
+	_, why, _ := strings.Cut(err.Error(), path+": ")
+	return fmt.Errorf("%s is not a model file: %s (read as a llama2.c checkpoint: %s)", path, modelFormats, cmp.Or(why, err.Error()))
+}
+
 func open(path string, o Options) (*Model, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -103,7 +122,7 @@ func open(path string, o Options) (*Model, error) {
 		var c *llama2c.Checkpoint
 		c, err = llama2c.Open(path)
 		if err != nil {
-			return nil, err
+			return nil, notModelFile(path, err)
 		}
 		closer = c
 		cfg = configFromLlama2C(c.Config)
@@ -478,6 +497,9 @@ func (s *hfSource) fileName(name string) string {
 
 func openHF(dir string) (*Config, source, io.Closer, error) {
 	hc, err := hf.ReadConfig(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil, nil, fmt.Errorf("%s is not a model directory (no config.json); %s", dir, modelFormats)
+	}
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -407,7 +407,8 @@ func (s anthropicAPI) handleMessages(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.templateHeader(w)
-	if !s.admit(w) {
+	if ae := admission(s.Server); ae != nil {
+		anthropicError(w, ae)
 		return
 	}
 	defer s.release()

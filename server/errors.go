@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 )
 
 // apiError is an error in OpenAI's JSON shape.
@@ -48,6 +49,21 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 	}
 	w.WriteHeader(e.Status)
 	_, _ = w.Write(b)
+}
+
+// writeErrorAt writes ae in the error shape of the API that path belongs
+// to: a client of ollama or Anthropic parses only its own shape, so even
+// the checks every request passes (Host, Content-Type, body size, auth,
+// busy, shutting down) answer in it.
+func writeErrorAt(w http.ResponseWriter, path string, ae *apiError) {
+	switch {
+	case strings.HasPrefix(path, "/api/"):
+		ollamaError(w, ae)
+	case path == "/v1/messages" || strings.HasPrefix(path, "/v1/messages/"):
+		anthropicError(w, ae)
+	default:
+		writeAPIError(w, ae)
+	}
 }
 
 // toAPIError maps an error from the backend to the status clients expect.

@@ -36,7 +36,7 @@ func (o *Options) setTimeouts() {
 // deadline. false means it has answered.
 func (s *Server) screen(w *statusRecorder, r *http.Request) bool {
 	if s.loopback.Load() && !s.hostAllowed(r.Host) {
-		writeAPIError(w, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
+		writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Host %q is not allowed for a server on loopback (allow it with --allowed-hosts)", r.Host)})
 		return false
 	}
@@ -53,7 +53,7 @@ func (s *Server) screen(w *statusRecorder, r *http.Request) bool {
 	}
 	if r.Method == http.MethodOptions && origin != "" && r.Header.Get("Access-Control-Request-Method") != "" {
 		if !okOrigin {
-			writeAPIError(w, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
+			writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
 				Message: fmt.Sprintf("origin %q is not allowed (see --allowed-origins)", origin)})
 			return false
 		}
@@ -72,9 +72,13 @@ func (s *Server) screen(w *statusRecorder, r *http.Request) bool {
 	}
 	// A browser sends text/plain or a form cross-origin without asking
 	// first; insisting on JSON forces a CORS preflight the server refuses
-	// unless the operator allowed the origin.
-	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/json" {
-		writeAPIError(w, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
+	// unless the operator allowed the origin. ollama's documented curl
+	// commands send no Content-Type (curl then says form-urlencoded), and
+	// ollama takes them: its routes do too when no Origin says a browser
+	// sent the request (browsers send Origin on every cross-origin POST).
+	lenient := strings.HasPrefix(r.URL.Path, "/api/") && r.Header.Get("Origin") == ""
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); !lenient && (err != nil || mt != "application/json") {
+		writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusUnsupportedMediaType, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Content-Type must be application/json, got %q", r.Header.Get("Content-Type"))})
 		return false
 	}
@@ -95,15 +99,15 @@ func (s *Server) readBody(w *statusRecorder, r *http.Request) bool {
 		var ne net.Error
 		switch {
 		case errors.As(err, &mbe):
-			writeAPIError(w, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
+			writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusRequestEntityTooLarge, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body exceeds %d bytes", mbe.Limit)})
 		case errors.As(err, &ne) && ne.Timeout():
 			w.Header().Set("Connection", "close")
-			writeAPIError(w, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
+			writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusRequestTimeout, Type: "invalid_request_error",
 				Message: fmt.Sprintf("request body not received within %v", s.o.BodyReadTimeout)})
 		default:
 			w.Header().Set("Connection", "close")
-			writeAPIError(w, badRequest("", "reading request body: %v", err))
+			writeErrorAt(w, r.URL.Path, badRequest("", "reading request body: %v", err))
 		}
 		return false
 	}
@@ -165,11 +169,11 @@ func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
 	}
 	if len(allow) > 0 {
 		w.Header().Set("Allow", strings.Join(allow, ", "))
-		writeAPIError(w, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
+		writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusMethodNotAllowed, Type: "invalid_request_error", Code: "method_not_allowed",
 			Message: fmt.Sprintf("method %s is not allowed on %s (allowed: %s)", r.Method, r.URL.Path, strings.Join(allow, ", "))})
 		return
 	}
-	writeAPIError(w, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
+	writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusNotFound, Type: "invalid_request_error",
 		Message: fmt.Sprintf("no route for %s %s", r.Method, r.URL.Path), Code: "not_found"})
 }
 

@@ -350,7 +350,8 @@ type ollamaDone struct {
 // ollamaRun runs one generation and answers in ollama's shape: NDJSON
 // chunks then a final one with the statistics, or that final one alone.
 func (s ollamaAPI) ollamaRun(w http.ResponseWriter, r *http.Request, er *engine.Request, format toolFormat, stream, chat bool) {
-	if !s.admit(w) {
+	if ae := admission(s.Server); ae != nil {
+		ollamaError(w, ae)
 		return
 	}
 	defer s.release()

@@ -281,19 +281,28 @@ func (s *Server) cutError() *apiError {
 // admit counts a generation request in; false means the server is full or
 // draining and the caller has already answered.
 func (s *Server) admit(w http.ResponseWriter) bool {
-	if s.draining.Load() {
-		writeAPIError(w, &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
-			Message: "server is shutting down"})
+	if ae := admission(s); ae != nil {
+		writeAPIError(w, ae)
 		return false
+	}
+	return true
+}
+
+// admission counts a generation request in, or says why it may not start
+// (the server is draining or full) for the caller to answer in its API's
+// shape. A function, not a method: Server's method set is capped.
+func admission(s *Server) *apiError {
+	if s.draining.Load() {
+		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
+			Message: "server is shutting down"}
 	}
 	n := s.inflight.Add(1)
 	if s.o.MaxQueue > 0 && n > int64(s.o.MaxQueue) {
 		s.inflight.Add(-1)
-		writeAPIError(w, &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
-			Code: "rate_limit_exceeded", Message: fmt.Sprintf("server busy: %d requests in flight (limit %d)", n-1, s.o.MaxQueue)})
-		return false
+		return &apiError{Status: http.StatusTooManyRequests, Type: "rate_limit_error",
+			Code: "rate_limit_exceeded", Message: fmt.Sprintf("server busy: %d requests in flight (limit %d)", n-1, s.o.MaxQueue)}
 	}
-	return true
+	return nil
 }
 
 func (s *Server) release() { s.inflight.Add(-1) }
@@ -305,7 +314,7 @@ func (s *Server) auth(h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if !s.keyOK(r) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="pagoda"`)
-			writeAPIError(w, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error",
+			writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusUnauthorized, Type: "invalid_request_error",
 				Code: "invalid_api_key", Message: "missing or incorrect API key (Authorization: Bearer <key>, or x-api-key: <key>)"})
 			return
 		}

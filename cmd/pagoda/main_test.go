@@ -2,8 +2,10 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -191,5 +193,72 @@ func TestQuantizeProgressSummary(t *testing.T) {
 	}
 	if strings.Contains(stderr, "\r") {
 		t.Errorf("stderr redraws a line though it is no terminal: %q", stderr)
+	}
+}
+
+// TestNotAModelFile checks that a file or folder that is none of the
+// model formats is named as such, with the formats listed.
+func TestNotAModelFile(t *testing.T) {
+	text := filepath.Join(t.TempDir(), "notes.txt")
+	if err := os.WriteFile(text, []byte("root:x:0:0:root:/root:/bin/bash\nthis is a text file, not a model\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ m, want string }{
+		{text, text + " is not a model file: Pagoda reads GGUF files (.gguf), llama2.c checkpoints (.bin) and Hugging Face directories"},
+		{t.TempDir(), "is not a model directory (no config.json)"},
+	} {
+		for _, cmd := range [][]string{{"run", "-m", c.m, "-p", "hi"}, {"serve", "-m", c.m, "--port", "0"}, {"inspect", c.m}} {
+			code, _, stderr := pagoda(t, cmd...)
+			if code != 1 || !strings.Contains(stderr, c.want) {
+				t.Errorf("pagoda %v: exit %d, stderr:\n%s", cmd, code, stderr)
+			}
+		}
+	}
+}
+
+// TestQuantizeRequantizeNamesFlag checks that quantizing the README's own
+// synth output (already Q4_0) names quantize's flag, not a Go field or
+// another tool's, and that the flag then works.
+func TestQuantizeRequantizeNamesFlag(t *testing.T) {
+	dir := t.TempDir()
+	in, out := filepath.Join(dir, "tiny.gguf"), filepath.Join(dir, "tiny-q4k.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-preset", "tiny", "-type", "Q4_0", "-o", in); code != 0 {
+		t.Fatalf("synth: %s", stderr)
+	}
+	code, _, stderr := pagoda(t, "quantize", in, out, "-type", "Q4_K")
+	if code != 1 || !strings.Contains(stderr, "is already quantized") || !strings.Contains(stderr, "pass --allow-requantize") ||
+		strings.Contains(stderr, "AllowRequantize") || strings.Contains(stderr, "llama-quantize") {
+		t.Fatalf("exit %d, stderr:\n%s", code, stderr)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Errorf("a refused quantize left %s: %v", out, err)
+	}
+	if code, _, stderr := pagoda(t, "quantize", in, out, "-type", "Q4_K", "--allow-requantize"); code != 0 {
+		t.Fatalf("with --allow-requantize: exit %d, %s", code, stderr)
+	}
+}
+
+// TestSynthBERT checks that synth -preset bert writes an encoder that
+// embed and serve take as one (the README's stand-in for bge-small.gguf).
+func TestSynthBERT(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "bge-small.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-preset", "bert", "-o", p); code != 0 {
+		t.Fatalf("synth: %s", stderr)
+	}
+	code, stdout, stderr := pagoda(t, "embed", "-m", p, "a text", "another")
+	lines := strings.Split(strings.TrimSpace(stdout), "\n")
+	if code != 0 || len(lines) != 2 {
+		t.Fatalf("embed: exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	var e struct{ Embedding []float64 }
+	if err := json.Unmarshal([]byte(lines[1]), &e); err != nil || len(e.Embedding) != 64 {
+		t.Fatalf("%v: %s", err, lines[1])
+	}
+	var n float64
+	for _, v := range e.Embedding {
+		n += v * v
+	}
+	if math.Abs(n-1) > 1e-4 {
+		t.Errorf("embedding's squared norm %v, want 1", n)
 	}
 }

@@ -15,7 +15,7 @@ import (
 
 func init() {
 	register("pull", "download a GGUF from the Hugging Face hub (hf.co/OWNER/REPO[:QUANT]) or a URL into the model cache", runPull)
-	register("list", "list the models in the cache (name, size, path)", runList)
+	register("list", "list the models in the cache: the name pull took (run -m and rm take it), size, path", runList)
 	register("rm", "delete models from the cache, by the name list shows or hf.co/OWNER/REPO:QUANT", runRm)
 }
 

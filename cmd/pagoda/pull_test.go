@@ -82,7 +82,7 @@ func TestPullRunListRm(t *testing.T) {
 		t.Errorf("pull of a cached model: exit %d, stdout %q, stderr %q", code, out, errOut)
 	}
 	code, out, _ = pagodaEnv(t, env, "list")
-	if code != 0 || !strings.Contains(out, "hf.co/own/stories/stories260K-F32.gguf  1.1 MiB  "+path) {
+	if code != 0 || !strings.Contains(out, "hf.co/own/stories:F32  1.1 MiB  "+path) {
 		t.Errorf("list: exit %d:\n%s", code, out)
 	}
 	code, out, errOut = pagodaEnv(t, env, "rm", "hf.co/own/stories:F32")

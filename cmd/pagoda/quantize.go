@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -90,6 +91,10 @@ func runQuantize(args []string) error {
 	update, finish := tensorBar("quantizing", "quantized", pos[1])
 	o.Progress = update
 	err = convert.Quantize(pos[0], pos[1], o)
+	var re *convert.RequantizeError
+	if errors.As(err, &re) {
+		err = fmt.Errorf("%s is already quantized (%s is %s): quantizing it again loses quality; pass --allow-requantize to do it anyway, or quantize an F16 or F32 file", pos[0], re.Tensor, re.Type)
+	}
 	finish(err)
 	return err
 }

@@ -57,7 +57,7 @@ func parseBytes(s string) (int64, error) {
 // machine away.
 var serveLimits = []limit{
 	{"port", 0, 65535}, {"threads", 0, maxThreads}, {"ctx", 0, maxCtx},
-	{"kv-cache-fraction", 0.01, 0.95}, {"block-size", 1, 1024},
+	{"kv-cache-fraction", 0.01, 0.95}, {"kv-seqs", 1, 1 << 16}, {"block-size", 1, 1024},
 	{"max-num-batched-tokens", 1, 1 << 20}, {"max-num-seqs", 1, 1 << 16}, {"max-waiting", 1, 1 << 24},
 	{"grace", 0, inf}, {"max-connections", 1, 1 << 20},
 	{"grammar-max-states", 1000, 1 << 24}, {"grammar-timeout", 0.001, 600},
@@ -134,8 +134,9 @@ func runServe(args []string) error {
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs)")
 	tpf := addTPFlags(fs)
 	ctxLen := fs.Int("ctx", 0, "context length (0 = the model's)")
-	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: --kv-cache-fraction of available RAM); refused when over the memory available (Linux: MemAvailable, or a cgroup v2 memory.max)")
-	kvFrac := fs.Float64("kv-cache-fraction", 0.25, "fraction of available RAM for the KV cache when --kv-cache-memory is not set")
+	kvMem := fs.String("kv-cache-memory", "", "KV-cache budget, e.g. 2GiB (default: sized from the model, its context and --kv-seqs, at most 25% of available RAM); refused when over the memory available (Linux: MemAvailable, or a cgroup v2 memory.max)")
+	kvFrac := fs.Float64("kv-cache-fraction", defaultKVFraction, "when set: this fraction of available RAM is the KV cache, instead of the budget sized from the model")
+	kvSeqs := fs.Int("kv-seqs", 4, "sequences at full context the default KV budget holds at once (more shorter ones fit; capped at 25% of available RAM)")
 	kvDType := fs.String("kv-dtype", "f16", "KV-cache storage: f16, bf16, f32, q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl (head dims multiples of 32), kivi2, kivi4 (options kivi2:g=32,r=128; --block-size defaults to g)")
 	kvDTypeK := fs.String("kv-dtype-k", "", "KV-cache storage of keys (default --kv-dtype)")
 	kvDTypeV := fs.String("kv-dtype-v", "", "KV-cache storage of values (default --kv-dtype)")
@@ -210,7 +211,7 @@ func runServe(args []string) error {
 		if err := checkBudget(budget, systemMemory()); err != nil {
 			return fmt.Errorf("--kv-cache-memory %s: %v", *kvMem, err)
 		}
-	} else {
+	} else if flagSet(fs, "kv-cache-fraction") {
 		if avail := systemMemory(); avail > 0 {
 			budget = int64(float64(avail) * *kvFrac)
 		}
@@ -288,16 +289,41 @@ func runServe(args []string) error {
 		kvLog = kvcache.NewEventLog(*kvEvents)
 	}
 	reg := prometheus.NewRegistry()
-	eng, err := engine.New(m, tok, engine.Config{
+	ecfg := engine.Config{
 		ModelName: *name, NLayer: c.NLayer, NKVHead: nkv, HeadDim: kd, KVLatent: vd == 0,
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
 		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), KVEvents: kvLog,
-	})
+	}
+	blockBytes := engine.KVBlockBytes(ecfg)
+	formats := fmt.Sprintf("K %v V %v", kfK, kfV)
+	var kvReport string
+	if budget == 0 {
+		z := kvSizing{BlockBytes: blockBytes, BlockSize: *blockSize, Context: c.ContextLen, Seqs: *kvSeqs, Avail: systemMemory(), Formats: formats}
+		if vd != 0 {
+			z.Residual = kvcache.SizeOf(shape, kfK, kfV, *blockSize).ResidualPerSeq * int64(*maxSeqs)
+		}
+		kb, err := sizedKVBudget(z)
+		if err != nil {
+			return err
+		}
+		ecfg.KVBlocks, ecfg.KVBytes, kvReport = kb.Blocks, kb.Bytes, kb.Report
+	}
+	eng, err := engine.New(m, tok, ecfg)
 	if err != nil {
 		return err
 	}
+	st := eng.Stats()
+	if kvReport == "" {
+		flag := "--kv-cache-memory " + *kvMem
+		if *kvMem == "" {
+			flag = fmt.Sprintf("--kv-cache-fraction %g", *kvFrac)
+		}
+		kvReport = givenKVReport(formats, st.KV.Blocks, *blockSize, blockBytes, c.ContextLen, flag)
+	}
+	budget = int64(st.KV.Blocks) * blockBytes
+	log.Printf("pagoda: %s", kvReport)
 	if c.NExpert > 0 {
 		reg.MustRegister(engine.NewExpertCollector(m, *name))
 	}
@@ -324,9 +350,7 @@ func runServe(args []string) error {
 	if err != nil {
 		return err
 	}
-	st := eng.Stats()
-	log.Printf("pagoda: serving %s on http://%s (threads %d, KV K %v V %v blocks %d×%d tokens, budget %.1f MB)",
-		*name, ln.Addr(), m.Pool().Threads(), kfK, kfV, st.KV.Blocks, *blockSize, float64(budget)/1e6)
+	log.Printf("pagoda: serving %s on http://%s (threads %d)", *name, ln.Addr(), m.Pool().Threads())
 	if sc.Proposer != nil {
 		log.Printf("pagoda: speculative decoding: %s, up to %d draft tokens", sc.Method, cmp.Or(sc.Tokens, engine.DefaultSpecTokens))
 	}

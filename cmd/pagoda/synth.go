@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"os"
@@ -17,7 +18,7 @@ func init() {
 
 func runSynth(args []string) error {
 	fs := flag.NewFlagSet("synth", flag.ContinueOnError)
-	preset := fs.String("preset", "tiny", "shape preset: "+strings.Join(synth.Presets(), ", "))
+	preset := fs.String("preset", "tiny", "shape preset: "+strings.Join(synth.Presets(), ", ")+"; bert: a small BERT-family encoder (WordPiece, mean pooling) for embeddings")
 	typ := fs.String("type", "F32", "tensor type of the 2-D weights (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q2_K … Q6_K)")
 	outType := fs.String("output-type", "", "tensor type of the output matrix (default: -type)")
 	seed := fs.Int64("seed", 1, "random seed")
@@ -42,6 +43,19 @@ func runSynth(args []string) error {
 	}
 	if *out == "" {
 		return fmt.Errorf("-o FILE is required")
+	}
+	if *preset == "bert" {
+		t, err := quant.ParseType(*typ)
+		if err != nil {
+			return err
+		}
+		b := synth.BERT{Layers: cmp.Or(*layers, 2), Embd: cmp.Or(*dim, 64), Heads: cmp.Or(*heads, 4), FFN: cmp.Or(*ffn, 256),
+			Positions: cmp.Or(*ctx, 512), Pooling: 1, Type: t, Seed: *seed}
+		if err := synth.WriteBERT(*out, b); err != nil {
+			return err
+		}
+		fmt.Fprintf(os.Stderr, "wrote %s: a BERT-family encoder, %d layers, width %d, %s\n", *out, b.Layers, b.Embd, t)
+		return nil
 	}
 	shape, err := synth.Preset(*preset)
 	if err != nil {

@@ -9,7 +9,10 @@ import (
 	"runtime/debug"
 	"strings"
 
+	"pagoda/convert"
+	"pagoda/gguf"
 	"pagoda/model"
+	"pagoda/quant"
 	"pagoda/server"
 )
 
@@ -98,8 +101,9 @@ func modelInfo(m *model.Model, path string, kvBytes int64) server.ModelInfo {
 	switch ext := strings.ToLower(filepath.Ext(path)); {
 	case ext == ".gguf":
 		mi.Format = "gguf"
+		mi.Quantization = ggufQuantization(path)
 	case ext == ".bin":
-		mi.Format = "llama2c"
+		mi.Format, mi.Quantization = "llama2c", "F32"
 	default:
 		mi.Format = "safetensors"
 	}
@@ -116,4 +120,34 @@ func modelInfo(m *model.Model, path string, kvBytes int64) server.ModelInfo {
 		}
 	}
 	return mi
+}
+
+// ggufQuantization names a GGUF's weight format as ollama's
+// quantization_level does: general.file_type's llama-quantize name, else
+// (files that do not record it, as the built-in model) the type holding
+// most of the matrices' bytes.
+func ggufQuantization(path string) string {
+	f, err := gguf.Open(path)
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	if id, ok := f.Uint("general.file_type"); ok && id <= 1<<16 {
+		if name := convert.FileTypeName(uint32(id)); name != "" {
+			return name
+		}
+	}
+	bytes := map[quant.Type]int{}
+	for _, t := range f.Tensors {
+		if len(t.Dims) >= 2 && t.Dims[1] > 1 {
+			bytes[t.Type] += t.Size
+		}
+	}
+	best, most := "", 0
+	for t, n := range bytes {
+		if n > most || n == most && t.String() < best {
+			best, most = t.String(), n
+		}
+	}
+	return best
 }
