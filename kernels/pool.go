@@ -8,38 +8,64 @@ import (
 )
 
 // Pool is a persistent set of worker goroutines for data-parallel loops.
+//
 // Spawning goroutines per matrix-vector product costs more than the work on
 // small models (a decode matvec is ~10–100 µs), so the workers live as long
 // as the pool, and after each job they spin for a while before parking:
 // the next matmul of a forward pass arrives within microseconds to a few
-// hundred of them (attention and norms run in between), and waking a
-// parked goroutine costs tens of microseconds. The spin must outlast those
-// gaps: at 100 µs (worker) and 25 µs (caller) a TinyLlama Q4_0 decode step
-// on 2 threads spent half its time parking and waking, and ran at 0.55×
-// the speed it reaches with 500 µs for both.
+// hundred of them, and waking a parked goroutine costs tens of
+// microseconds (at 100 µs of spin a TinyLlama Q4_0 decode step on 2
+// threads spent half its time parking and waking).
+//
+// Work is not split statically. Each loop is a job whose index range the
+// caller and the workers claim piece by piece from a shared counter
+// (guided self-scheduling: a quarter of the remainder per thread, down to
+// a floor), so when the OS deschedules a thread — other processes sharing
+// the cores — the threads still running take over the unclaimed work
+// instead of waiting for the descheduled one's fixed share. The caller
+// waits only for pieces already claimed, spins briefly and then blocks so
+// that a descheduled worker can get the CPU it is waiting on.
 type Pool struct {
 	n       int
 	workers []*worker
 	mu      sync.Mutex // one For at a time; nested or concurrent calls run inline
-	pending atomic.Int32
+	seq     atomic.Uint32
+	job     atomic.Pointer[job]
 	waiting atomic.Int32  // 1 while the caller is blocked on done
 	done    chan struct{} // wakes a blocked caller
 	closed  atomic.Bool
-	spin    time.Duration
+	spin    time.Duration // a worker's spin for the next job
+	wait    time.Duration // the caller's spin for claimed pieces
 	wg      sync.WaitGroup
 }
 
-// worker is padded to its own cache lines so the hot seq/state words of
-// different workers never share a line.
+// worker is padded to its own cache lines so that its parked word never
+// shares a line with another worker's.
 type worker struct {
 	_      [64]byte
-	seq    atomic.Uint32 // bumped by the caller for each job
-	parked atomic.Int32  // 1 while blocked on wake
-	fn     func(lo, hi int)
-	lo, hi int
+	parked atomic.Int32 // 1 while blocked on wake
 	wake   chan struct{}
 	_      [64]byte
 }
+
+// job is one For call. A fresh one per call means a worker that wakes late
+// and loads a finished job finds nothing left to claim.
+type job struct {
+	next  atomic.Int64 // first unclaimed index
+	_     [56]byte
+	left  atomic.Int64 // indexes not yet finished
+	_     [56]byte
+	fn    func(lo, hi int)
+	n     int64
+	grain int64
+	floor int64 // smallest piece, a multiple of grain
+	div   int64 // a claim takes remaining/div, rounded up to grain
+}
+
+// preempted is a gap in a worker's spin loop long enough to mean the OS
+// ran something else on its CPU: the machine is oversubscribed, and a
+// worker that keeps spinning only burns slices the caller needs.
+const preempted = 200 * time.Microsecond
 
 // NewPool starts n workers (n <= 0 means runtime.NumCPU()); the calling
 // goroutine of For counts as one of them.
@@ -47,7 +73,7 @@ func NewPool(n int) *Pool {
 	if n <= 0 {
 		n = runtime.NumCPU()
 	}
-	p := &Pool{n: n, spin: 500 * time.Microsecond, done: make(chan struct{}, 1)}
+	p := &Pool{n: n, spin: 500 * time.Microsecond, wait: 100 * time.Microsecond, done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
 		w := &worker{wake: make(chan struct{}, 1)}
 		p.workers = append(p.workers, w)
@@ -59,30 +85,63 @@ func NewPool(n int) *Pool {
 
 func (p *Pool) run(w *worker) {
 	defer p.wg.Done()
-	// Not w.seq.Load(): the first job may be posted before this goroutine
+	// Not p.seq.Load(): the first job may be posted before this goroutine
 	// starts running.
 	var last uint32
 	for {
-		// Spin for new work, then park.
-		deadline := time.Now().Add(p.spin)
-		for spins := 0; w.seq.Load() == last; spins++ {
+		for p.seq.Load() == last {
 			if p.closed.Load() {
 				return
 			}
-			if spins&255 == 255 && time.Now().After(deadline) {
-				w.parked.Store(1)
-				if w.seq.Load() == last && !p.closed.Load() {
-					<-w.wake
-				}
-				w.parked.Store(0)
-				deadline = time.Now().Add(p.spin)
-			}
-			spinPause()
+			p.idle(w, last)
 		}
-		last = w.seq.Load()
-		w.fn(w.lo, w.hi)
-		w.fn = nil
-		if p.pending.Add(-1) == 0 && p.waiting.Load() == 1 {
+		last = p.seq.Load()
+		if j := p.job.Load(); j != nil {
+			p.work(j)
+		}
+	}
+}
+
+// idle spins until the job sequence moves past last, the pool closes, or
+// the spin runs out or is preempted, and then parks until woken.
+func (p *Pool) idle(w *worker, last uint32) {
+	start := time.Now()
+	prev := start
+	for spins := 1; p.seq.Load() == last && !p.closed.Load(); spins++ {
+		if spins&255 == 0 {
+			now := time.Now()
+			if now.Sub(start) > p.spin || now.Sub(prev) > preempted {
+				break
+			}
+			prev = now
+		}
+		spinPause()
+	}
+	if p.seq.Load() != last || p.closed.Load() {
+		return
+	}
+	w.parked.Store(1)
+	if p.seq.Load() == last && !p.closed.Load() {
+		<-w.wake
+	}
+	w.parked.Store(0)
+}
+
+// work claims and runs pieces of j until none is left.
+func (p *Pool) work(j *job) {
+	for {
+		lo := j.next.Load()
+		if lo >= j.n {
+			return
+		}
+		c := (j.n - lo + j.div - 1) / j.div
+		c = max(j.floor, (c+j.grain-1)/j.grain*j.grain)
+		hi := min(lo+c, j.n)
+		if !j.next.CompareAndSwap(lo, hi) {
+			continue
+		}
+		j.fn(int(lo), int(hi))
+		if j.left.Add(lo-hi) == 0 && p.waiting.Load() == 1 {
 			select {
 			case p.done <- struct{}{}:
 			default:
@@ -99,11 +158,11 @@ func (p *Pool) Threads() int {
 	return p.n
 }
 
-// For runs fn over [0, n) split into at most Threads() contiguous ranges,
-// each at least grain long, and returns when all have finished. The calling
-// goroutine takes the first range. A nil pool runs fn(0, n) inline, and so
-// does a call made while the pool is busy (from inside fn, or from another
-// goroutine), so For never deadlocks.
+// For runs fn over [0, n) in disjoint ranges that cover it, each a
+// multiple of grain long but for the last, and returns when all have
+// finished; the calling goroutine runs ranges too. A nil pool runs
+// fn(0, n) inline, and so does a call made while the pool is busy (from
+// inside fn, or from another goroutine), so For never deadlocks.
 func (p *Pool) For(n, grain int, fn func(lo, hi int)) {
 	if n <= 0 {
 		return
@@ -120,18 +179,16 @@ func (p *Pool) For(n, grain int, fn func(lo, hi int)) {
 		return
 	}
 	defer p.mu.Unlock()
-	chunk := (n + parts - 1) / parts
-	var used int32
-	for i := 1; i < parts; i++ {
-		lo, hi := i*chunk, min((i+1)*chunk, n)
-		if lo >= hi {
-			break
-		}
-		used++
-		p.pending.Add(1)
-		w := p.workers[i-1]
-		w.fn, w.lo, w.hi = fn, lo, hi
-		w.seq.Add(1)
+	g := int64(grain)
+	// The floor keeps a piece worth its claim (about 16 pieces a thread
+	// at the end of the loop); the divisor hands out a quarter of what
+	// is left per thread, so a descheduled thread holds at most that.
+	floor := (int64(n)/int64(16*parts) + g - 1) / g * g
+	j := &job{fn: fn, n: int64(n), grain: g, floor: max(g, floor), div: int64(4 * parts)}
+	j.left.Store(int64(n))
+	p.job.Store(j)
+	p.seq.Add(1)
+	for _, w := range p.workers[:parts-1] {
 		if w.parked.Load() == 1 {
 			select {
 			case w.wake <- struct{}{}:
@@ -139,20 +196,24 @@ func (p *Pool) For(n, grain int, fn func(lo, hi int)) {
 			}
 		}
 	}
-	fn(0, min(chunk, n))
-	// Spin for the others (their ranges finish within microseconds of
-	// ours when the machine is free), then block so that, when it has
-	// fewer free CPUs than threads, the OS can run the workers on this CPU
-	// instead of watching the caller spin. A stale token on done only
-	// costs one more trip around the loop.
-	if p.pending.Load() == 0 {
+	p.work(j)
+	p.finish(j)
+}
+
+// finish waits for the pieces other threads claimed: a short spin (they
+// end within microseconds of ours when the machine is free), then a block
+// so that, when the machine has fewer free CPUs than threads, the OS can
+// run the worker we wait for on this CPU. A stale token on done only
+// costs one more trip around the loop.
+func (p *Pool) finish(j *job) {
+	if j.left.Load() == 0 {
 		return
 	}
-	deadline := time.Now().Add(p.spin)
-	for spins := 0; p.pending.Load() != 0; spins++ {
-		if spins&15 == 15 && time.Now().After(deadline) {
+	start := time.Now()
+	for spins := 1; j.left.Load() != 0; spins++ {
+		if spins&15 == 0 && time.Since(start) > p.wait {
 			p.waiting.Store(1)
-			for p.pending.Load() != 0 {
+			for j.left.Load() != 0 {
 				<-p.done
 			}
 			p.waiting.Store(0)

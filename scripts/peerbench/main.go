@@ -72,6 +72,7 @@ func run(args []string, out, log io.Writer) error {
 	depth := fs.Int("d", 0, "tokens already in the KV cache for tg (llama.cpp side through llama-server)")
 	vocab := fs.Int("vocab-size", 32000, "with -d: the llama.cpp prompt's random token ids are drawn below this")
 	kvs := fs.String("kv", "", "with -d: KV-cache formats to test, comma separated (f16, q8_0, q4_0, …; pagoda-only ones such as kivi4 skip llama.cpp)")
+	loadFlag := fs.String("load", "0", "numbers of competing CPU-bound processes to run during the measurements, comma separated (e.g. 0,1,2: quiet, then one, then two busy loops)")
 	fs.SetOutput(log)
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -90,6 +91,10 @@ func run(args []string, out, log io.Writer) error {
 	}
 	if *kvs != "" && *depth == 0 {
 		return fmt.Errorf("-kv needs -d")
+	}
+	loads, err := parseLoads(*loadFlag)
+	if err != nil {
+		return err
 	}
 	formats := []string{""}
 	if *kvs != "" {
@@ -147,31 +152,49 @@ func run(args []string, out, log io.Writer) error {
 		}
 	}
 	for round := 0; round < *rounds; round++ {
-		for _, m := range files {
-			order := []*engine{engines[0], engines[1]}
-			if round%2 == 1 {
-				order[0], order[1] = order[1], order[0]
+		for _, level := range loads {
+			stop, err := startLoad(level)
+			if err != nil {
+				return err
 			}
-			for _, kv := range formats {
-				for _, e := range order {
-					if e.name == "llama.cpp" && !llamaKV(kv) {
-						continue
-					}
-					fmt.Fprintf(log, "round %d/%d: %s on %s %s\n", round+1, *rounds, e.name, filepath.Base(m), kv)
-					res, commit, err := e.measure(m, kv)
-					if err != nil {
-						return fmt.Errorf("%s on %s: %w", e.name, m, err)
-					}
-					e.commit = commit
-					for test, s := range res {
-						k := key{filepath.Base(m), test}
-						e.runs[k] = append(e.runs[k], s...)
-					}
-				}
+			err = measureRound(engines, files, formats, round, *rounds, level, log)
+			stop()
+			if err != nil {
+				return err
 			}
 		}
 	}
 	report(out, engines, files, *threads)
+	reportLoad(out, engines, loads)
+	return nil
+}
+
+// measureRound runs each engine once per model and KV format, alternating
+// which engine goes first from round to round.
+func measureRound(engines []*engine, files, formats []string, round, rounds, level int, log io.Writer) error {
+	for _, m := range files {
+		order := []*engine{engines[0], engines[1]}
+		if round%2 == 1 {
+			order[0], order[1] = order[1], order[0]
+		}
+		for _, kv := range formats {
+			for _, e := range order {
+				if e.name == "llama.cpp" && !llamaKV(kv) {
+					continue
+				}
+				fmt.Fprintf(log, "round %d/%d: %s on %s %s (load %d)\n", round+1, rounds, e.name, filepath.Base(m), kv, level)
+				res, commit, err := e.measure(m, kv)
+				if err != nil {
+					return fmt.Errorf("%s on %s: %w", e.name, m, err)
+				}
+				e.commit = commit
+				for test, s := range res {
+					k := key{filepath.Base(m), loadTest(test, level)}
+					e.runs[k] = append(e.runs[k], s...)
+				}
+			}
+		}
+	}
 	return nil
 }
 

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -54,5 +55,48 @@ func TestBadPeerOutput(t *testing.T) {
 	}
 	if err := run([]string{"-m", "x.gguf"}, &out, &errs); err == nil {
 		t.Fatal("missing -llama accepted")
+	}
+}
+
+// TestLoadLevels: each -load level runs with that many competing
+// processes alive (the fake engines count them), their results are kept
+// apart, and the share-of-quiet table compares each engine to itself.
+func TestLoadLevels(t *testing.T) {
+	if _, err := exec.LookPath("pgrep"); err != nil {
+		t.Skip("pgrep (procps) is needed to count the competing processes")
+	}
+	dir := t.TempDir()
+	log := filepath.Join(dir, "order")
+	// Each fake reports tg64 = 40 quiet, 10 per competing shell loop fewer.
+	script := func(name, json string) string {
+		p := filepath.Join(dir, name)
+		s := "#!/bin/sh\nn=$(pgrep -f 'while :; do :; done' | wc -l)\necho \"" + name + " $n\" >> " + log + "\n" +
+			"v=$((40 - 10*n))\nprintf '" + json + "' $v $v\n"
+		if err := os.WriteFile(p, []byte(s), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	lb := script("llama-bench", `[{"build_commit":"abc","n_prompt":0,"n_gen":64,"samples_ts":[%d,%d]}]`)
+	pg := script("pagoda", `[{"test":"tg64","samples_ts":[%d,%d],"commit":"def"}]`)
+	var out, errs bytes.Buffer
+	if err := run([]string{"-llama", lb, "-pagoda", pg, "-m", filepath.Join(dir, "m.gguf"), "-p", "0", "-n", "64", "-rounds", "1", "-load", "0,2"}, &out, &errs); err != nil {
+		t.Fatal(err, errs.String())
+	}
+	order, _ := os.ReadFile(log)
+	if got := strings.Join(strings.Fields(string(order)), " "); got != "llama-bench 0 pagoda 0 llama-bench 2 pagoda 2" {
+		t.Fatalf("competing processes per run: %q", got)
+	}
+	s := out.String()
+	for _, want := range []string{"| m.gguf | tg64 load2 | 20.00", "| m.gguf | tg64 | 2 | 50 % | 50 % | 1.00 |"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("report lacks %q:\n%s", want, s)
+		}
+	}
+	if _, err := parseLoads("0,-1"); err == nil {
+		t.Error("-load -1 accepted")
+	}
+	if _, err := parseLoads("1,1"); err == nil {
+		t.Error("-load 1,1 accepted")
 	}
 }
