@@ -19,3 +19,12 @@ func Map(fd *os.File, size int) ([]byte, func() error, error) {
 	}
 	return b, func() error { return nil }, nil
 }
+
+// Anon allocates size zero bytes on the Go heap where anonymous mappings
+// are not wired up; the returned function only drops nothing.
+func Anon(size int) ([]byte, func() error, error) {
+	if size <= 0 {
+		return nil, func() error { return nil }, nil
+	}
+	return make([]byte, size), func() error { return nil }, nil
+}
