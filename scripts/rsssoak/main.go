@@ -37,6 +37,7 @@ func main() {
 	dur := flag.Duration("dur", 5*time.Minute, "load time")
 	every := flag.Duration("every", 15*time.Second, "RSS sampling period")
 	conc := flag.Int("c", 4, "concurrent clients")
+	gctrace := flag.Bool("gctrace", false, "run the server with GODEBUG=gctrace=1 (its collections and heap goals on stderr)")
 	flag.IntVar(&enumN, "enum", 0, "also send JSON schemas of an enum of this many fresh random strings (each compiled anew: garbage for the collector)")
 	flag.Parse()
 	if *bin == "" {
@@ -54,6 +55,9 @@ func main() {
 	args := append([]string{"serve", "-m", *modelPath, "--host", "127.0.0.1", "--port", strconv.Itoa(port)}, flag.Args()...)
 	cmd := exec.Command(*bin, args...)
 	cmd.Stderr = os.Stderr
+	if *gctrace {
+		cmd.Env = append(os.Environ(), "GODEBUG=gctrace=1")
+	}
 	srv, err := proc.Start(cmd)
 	if err != nil {
 		log.Fatal(err)
