@@ -2,7 +2,8 @@
 
 // Package mmapfile maps model files read-only, so weights are paged in on
 // demand instead of copied; the checkpoint readers (gguf, safetensors,
-// llama2c) share it.
+// llama2c) share it. It also maps the anonymous memory the KV cache's
+// pages live in, outside the Go heap (Anon).
 package mmapfile
 
 import (
