@@ -41,6 +41,9 @@ func (s *stageRank) close() {
 			c.Close()
 		}
 	}
+	if s.kv != nil {
+		s.kv.Close()
+	}
 	s.m.Close()
 }
 

@@ -183,6 +183,9 @@ type rank struct {
 
 func (r *rank) close() {
 	r.mesh.Close()
+	if r.kv != nil {
+		r.kv.Close() // its pages are mappings outside the heap
+	}
 	r.m.Close()
 }
 

@@ -268,16 +268,17 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		per := kcfg.BlockBytes() / int64(cmp.Or(kcfg.BlockSize, kvcache.DefaultBlockSize))
 		kcfg.Bytes = min(mulCap(mulCap(per, int64(cfg.ContextLen)+kvcache.DefaultBlockSize, 1<<30), int64(cfg.MaxNumSeqs), 1<<30), 1<<30)
 	}
+	if cfg.Spec.Tokens < 0 {
+		return nil, fmt.Errorf("engine: speculative tokens %d is negative", cfg.Spec.Tokens)
+	}
 	kv, ex, err := newKV(fw, kcfg, cfg.Executor)
 	if err != nil {
 		return nil, fmt.Errorf("engine: %w", err)
 	}
-	if cfg.Spec.Tokens < 0 {
-		return nil, fmt.Errorf("engine: speculative tokens %d is negative", cfg.Spec.Tokens)
-	}
 	specMax := cmp.Or(cfg.Spec.Tokens, DefaultSpecTokens)
 	m, err := newMetrics(cfg.Registry, cfg.ModelName, cfg.Spec.Proposer != nil, specMax)
 	if err != nil {
+		kv.Close()
 		return nil, err
 	}
 	var km kvManager = kv
@@ -377,6 +378,7 @@ func newKV(fw Forwarder, kcfg kvcache.Config, remote func(kvcache.Config) (execu
 	// configuration, so both count the same blocks.
 	ex, err := remote(kv.Config())
 	if err != nil {
+		kv.Close()
 		return nil, nil, err
 	}
 	return kv, ex, nil
@@ -564,6 +566,11 @@ func (e *Engine) validate(r *Request) (*request, error) {
 
 func (e *Engine) loop() {
 	defer close(e.done)
+	// The loop is the cache's only user: once it has returned nothing
+	// steps any more, so the pages (mapped outside the heap) go now, not
+	// whenever the collector finds the engine unreachable. What Stop's
+	// callers may still ask (Blocks, Stats) reads the manager's side.
+	defer e.kv.Close()
 	for {
 		e.takeInbox()
 		select {

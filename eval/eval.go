@@ -323,6 +323,7 @@ func (r *run) open(c *model.Config, n int) error {
 	if err != nil {
 		return err
 	}
+	r.close()
 	r.cache, r.bs = cache, cache.BlockSize()
 	r.ex = executor.NewLocal(r.m, cache)
 	return nil
@@ -368,7 +369,16 @@ func (r *run) step(b *executor.StepInput, seg []int32, q int) ([]float32, error)
 	return logits, nil
 }
 
+// close releases the last segment's KV pages.
+func (r *run) close() {
+	if r.cache != nil {
+		r.cache.Close()
+		r.cache = nil
+	}
+}
+
 func (r *run) finish() {
+	r.close()
 	n := float64(r.res.Positions)
 	if n > 0 {
 		r.res.PPL = math.Exp(r.nll / n)

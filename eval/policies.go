@@ -191,6 +191,7 @@ func calibrateChannels(m *model.Model, n int, seed uint64) (*kvcache.ChannelStat
 	if err != nil {
 		return nil, err
 	}
+	defer cache.Close()
 	if !cache.Allocate(0, nil, 0, n) {
 		return nil, fmt.Errorf("no room for %d tokens", n)
 	}

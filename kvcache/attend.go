@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"runtime"
 
 	"pagoda/model"
 )
@@ -41,6 +42,9 @@ func (kv *Storage) Store(layer, row int, k, v []float32) {
 	if ls.v != nil {
 		put(ls.v, &kv.step.seqs[r.seq], r, v)
 	}
+	// The pages are unmapped when kv is collected: kv must outlive the
+	// kernel writing them, even when the caller dropped it already.
+	runtime.KeepAlive(kv)
 }
 
 // seqPutter is Pages that need the sequence's block table to store a

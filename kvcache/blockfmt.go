@@ -70,13 +70,13 @@ func (f BlockFormat) checkDim(dim int) error {
 }
 
 // NewPages implements Format.
-func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
+func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMem) Pages {
 	if err := f.checkDim(dim); err != nil {
 		panic(err)
 	}
 	hb := dim / qk * f.qtype().TypeSize()
 	p := &blockPages{t: f.qtype(), dim: dim, headBytes: hb, rowBytes: heads * hb, pageBytes: tokens * heads * hb}
-	p.data = make([]byte, n*p.pageBytes)
+	p.data = PageArray[byte](mem, n*p.pageBytes)
 	if ops == nil {
 		ops = kernels.Best()
 	}

@@ -32,7 +32,7 @@ func TestBlockFormatRoundTrip(t *testing.T) {
 	r := rand.New(rand.NewPCG(3, 4))
 	const heads, dim, tokens = 2, 64, 4
 	for _, f := range blockFormats {
-		p := f.NewPages(3, tokens, heads, dim, nil)
+		p := f.NewPages(3, tokens, heads, dim, nil, nil)
 		rows := make([][]float32, tokens)
 		for s := range rows {
 			rows[s] = randRow(r, heads*dim)
@@ -68,7 +68,7 @@ func TestBlockFormatRoundTrip(t *testing.T) {
 // TestBlockFormatNaN: a NaN in a row reads back as NaN over its block,
 // not as a finite number attention would silently use.
 func TestBlockFormatNaN(t *testing.T) {
-	p := Q8_0.NewPages(1, 1, 1, 64, nil)
+	p := Q8_0.NewPages(1, 1, 1, 64, nil, nil)
 	row := make([]float32, 64)
 	row[40] = float32(math.NaN())
 	row[3] = 1

@@ -54,11 +54,11 @@ func (f *ChannelFormat) checkDim(dim int) error {
 }
 
 // NewPages implements Format.
-func (f *ChannelFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
+func (f *ChannelFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMem) Pages {
 	if len(f.Keep) != heads {
 		panic(fmt.Sprintf("kvcache: channel format for %d heads used with %d", len(f.Keep), heads))
 	}
-	return &channelPages{inner: f.Base.NewPages(n, tokens, heads, f.r(), ops), keep: f.Keep, dim: dim, r: f.r()}
+	return &channelPages{inner: f.Base.NewPages(n, tokens, heads, f.r(), ops, mem), keep: f.Keep, dim: dim, r: f.r()}
 }
 
 type channelPages struct {

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"runtime"
 )
 
 // Export and import move the stored K/V of pages between storages as
@@ -26,6 +27,10 @@ type pageCodec interface {
 // ExportPages appends the K/V of pages (layer by layer, keys then values,
 // pages in the order given; released entries, -1, are skipped) to dst.
 func (kv *Storage) ExportPages(dst []byte, pages []int32) ([]byte, error) {
+	if kv.closed {
+		return dst, ErrClosed
+	}
+	defer runtime.KeepAlive(kv)
 	for li := range kv.layers {
 		for _, p := range kv.layerPages(li) {
 			pc, ok := codecOf(p)
@@ -46,6 +51,10 @@ func (kv *Storage) ExportPages(dst []byte, pages []int32) ([]byte, error) {
 // side's block table for the same positions, released entries in the same
 // places), checking that src is exactly that much data.
 func (kv *Storage) ImportPages(pages []int32, src []byte) error {
+	if kv.closed {
+		return ErrClosed
+	}
+	defer runtime.KeepAlive(kv)
 	for li := range kv.layers {
 		for _, p := range kv.layerPages(li) {
 			pc, ok := codecOf(p)

@@ -17,8 +17,9 @@ type Format interface {
 	// PageMetaBytes is the storage a page of tokens rows needs beyond its
 	// rows (scales, zero points; 0 for plain floats).
 	PageMetaBytes(tokens, heads, dim int) int
-	// NewPages allocates n pages of tokens rows each, computing with ops.
-	NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages
+	// NewPages allocates n pages of tokens rows each, computing with ops,
+	// their arrays from mem (PageArray; mem may be nil).
+	NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMem) Pages
 }
 
 // Pages is the storage of one layer's K or V rows, page by page, and the
@@ -49,18 +50,18 @@ func (d DType) RowBytes(heads, dim int) int { return heads * dim * d.Size() }
 func (d DType) PageMetaBytes(tokens, heads, dim int) int { return 0 }
 
 // NewPages implements Format.
-func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
+func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMem) Pages {
 	g := pageGeom{dim: dim, rowLen: heads * dim, pageLen: tokens * heads * dim}
 	switch d {
 	case F32:
 		cp := func(dst, src []float32) { copy(dst, src) }
-		return &floatPages[float32]{pageGeom: g, data: make([]float32, n*g.pageLen),
+		return &floatPages[float32]{pageGeom: g, data: PageArray[float32](mem, n*g.pageLen),
 			put: cp, get: cp, scores: ops.AttnScoresF32, mix: ops.AttnMixF32}
 	case F16:
-		return &floatPages[uint16]{pageGeom: g, data: make([]uint16, n*g.pageLen),
+		return &floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
 			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresF16, mix: ops.AttnMixF16}
 	case BF16:
-		return &floatPages[uint16]{pageGeom: g, data: make([]uint16, n*g.pageLen),
+		return &floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
 			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresBF16, mix: ops.AttnMixBF16}
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))

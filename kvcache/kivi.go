@@ -209,7 +209,7 @@ func (f KIVI) checkBlock(bs int) error {
 }
 
 // NewPages implements Format.
-func (f KIVI) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
+func (f KIVI) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMem) Pages {
 	if err := f.checkDim(dim); err != nil {
 		panic(err)
 	}
@@ -221,9 +221,9 @@ func (f KIVI) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
 		cg: f.chanGroup(dim), codeRow: f.RowBytes(heads, dim), levels: float32(int(1)<<f.Bits - 1), planes: ops.AttnPlanes(f.Bits)}
 	p.codePage = tokens * p.codeRow
 	p.metaPage = f.PageMetaBytes(tokens, heads, dim) / 2
-	p.codes = make([]byte, n*p.codePage)
-	p.meta = make([]uint16, n*p.metaPage)
-	p.state = make([]int32, n)
+	p.codes = PageArray[byte](mem, n*p.codePage)
+	p.meta = PageArray[uint16](mem, n*p.metaPage)
+	p.state = PageArray[int32](mem, n)
 	for i := range p.state {
 		p.state[i] = pageEmpty
 	}

@@ -80,7 +80,7 @@ func (f *MiniCacheFormat) checkDim(dim int) error {
 
 // NewPages implements Format: the first call makes the pair's storage and
 // the first layer's view, the second the second layer's.
-func (f *MiniCacheFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) Pages {
+func (f *MiniCacheFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMem) Pages {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if s := f.pending; s != nil {
@@ -88,11 +88,11 @@ func (f *MiniCacheFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops) 
 		return &mergedPages{s: s, layer: 1}
 	}
 	s := &mergedStore{f: f, tokens: tokens, heads: heads, dim: dim,
-		dir:   f.Base.NewPages(n, tokens, heads, dim, ops),
-		spare: f.Base.NewPages(n, max(f.Spare, 1), heads, dim, ops),
-		side:  make([]int16, n*tokens)}
+		dir:   f.Base.NewPages(n, tokens, heads, dim, ops, mem),
+		spare: f.Base.NewPages(n, max(f.Spare, 1), heads, dim, ops, mem),
+		side:  PageArray[int16](mem, n*tokens)}
 	for i := range s.mag {
-		s.mag[i] = make([]float32, n*tokens*heads)
+		s.mag[i] = PageArray[float32](mem, n*tokens*heads)
 	}
 	f.pending = s
 	return &mergedPages{s: s, layer: 0}

@@ -97,6 +97,9 @@ func (c *Cache) Plan(pos, seq []int32, dst *model.KVPlan) error {
 // checking that the plan addresses pages of this storage consistently
 // (it may come from another process).
 func (kv *Storage) load(b *model.Batch, pl *model.KVPlan) error {
+	if kv.closed {
+		return ErrClosed
+	}
 	T, G := len(b.Pos), len(kv.groups)
 	nr := len(pl.Runs) - 1
 	if nr < 0 || len(pl.TableOff) != nr+1 || len(pl.Slots) != T || len(pl.SpanOff) != G*(T+1) || pl.Runs[nr] != int32(T) {

@@ -77,8 +77,13 @@ func (p *QuestPolicy) attach(c *Cache, gi int) (Policy, error) {
 	for _, l := range g.Layers {
 		if l >= p.Dense { // dense layers select nothing: no bounds
 			st.layer[l] = len(st.bounds)
-			st.bounds = append(st.bounds, make([]float32, c.cfg.NumBlocks*g.NKVHead*2*g.KDim))
+			// Sized like the pages (a block's bounds per KV head), so
+			// kept beside them, off the heap.
+			st.bounds = append(st.bounds, PageArray[float32](c.mem, c.cfg.NumBlocks*g.NKVHead*2*g.KDim))
 		}
+	}
+	if err := c.mem.Err(); err != nil {
+		return nil, fmt.Errorf("kvcache: quest bounds: %w", err)
 	}
 	return &QuestPolicy{Budget: p.Budget, Dense: p.Dense, st: st}, nil
 }

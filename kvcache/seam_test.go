@@ -68,9 +68,9 @@ type int8Format struct{}
 func (int8Format) String() string                     { return "int8" }
 func (int8Format) RowBytes(heads, dim int) int        { return heads * dim }
 func (int8Format) PageMetaBytes(tokens, h, _ int) int { return 4 * tokens * h }
-func (int8Format) NewPages(n, tokens, heads, dim int, _ *kernels.Ops) Pages {
+func (int8Format) NewPages(n, tokens, heads, dim int, _ *kernels.Ops, mem *PageMem) Pages {
 	return &int8Pages{tokens: tokens, heads: heads, dim: dim,
-		data: make([]int8, n*tokens*heads*dim), scale: make([]float32, n*tokens*heads)}
+		data: PageArray[int8](mem, n*tokens*heads*dim), scale: PageArray[float32](mem, n*tokens*heads)}
 }
 
 type int8Pages struct {

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"sync"
 
 	"pagoda/kernels"
@@ -34,6 +35,10 @@ type Storage struct {
 	// one process the manager routes sequences bound to policies of their
 	// own.
 	route func(gi int, seq int32) (Policy, bool)
+
+	mem     *PageMem // the pages' memory, outside the Go heap (pagemem.go)
+	cleanup runtime.Cleanup
+	closed  bool
 }
 
 // NewStorage allocates storage alone for cfg: a worker's, which runs the
@@ -62,18 +67,25 @@ func (kv *Storage) init(cfg Config, groups []GroupSpec, layers int) error {
 	if layers == 0 { // a KV manager alone (NewManager)
 		return nil
 	}
-	for gi, g := range groups {
+	for _, g := range groups {
 		if int64(cfg.NumBlocks)*int64(kv.bs*g.NKVHead*max(g.KDim, g.VDim)) > math.MaxInt32*8 {
 			return fmt.Errorf("kvcache: %d blocks of %d tokens × %d kv heads × %d per layer is too large", cfg.NumBlocks, kv.bs, g.NKVHead, max(g.KDim, g.VDim))
 		}
+	}
+	kv.newPageMem()
+	for gi, g := range groups {
 		for _, l := range g.Layers {
 			ls := &kv.layers[l]
 			ls.group = gi
-			ls.k = g.KFormat.NewPages(cfg.NumBlocks, kv.bs, g.NKVHead, g.KDim, kv.ops)
+			ls.k = g.KFormat.NewPages(cfg.NumBlocks, kv.bs, g.NKVHead, g.KDim, kv.ops, kv.mem)
 			if g.VDim > 0 {
-				ls.v = g.VFormat.NewPages(cfg.NumBlocks, kv.bs, g.NKVHead, g.VDim, kv.ops)
+				ls.v = g.VFormat.NewPages(cfg.NumBlocks, kv.bs, g.NKVHead, g.VDim, kv.ops, kv.mem)
 			}
 		}
+	}
+	if err := kv.mem.Err(); err != nil {
+		kv.Close()
+		return fmt.Errorf("kvcache: %d blocks of KV pages: %w", cfg.NumBlocks, err)
 	}
 	return nil
 }

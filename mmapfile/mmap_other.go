@@ -2,7 +2,8 @@
 
 // Package mmapfile maps model files read-only, so weights are paged in on
 // demand instead of copied; the checkpoint readers (gguf, safetensors,
-// llama2c) share it.
+// llama2c) share it. It also maps the anonymous memory the KV cache's
+// pages live in, outside the Go heap (Anon).
 package mmapfile
 
 import (
@@ -18,4 +19,13 @@ func Map(fd *os.File, size int) ([]byte, func() error, error) {
 		return nil, nil, fmt.Errorf("read: %w", err)
 	}
 	return b, func() error { return nil }, nil
+}
+
+// Anon allocates size zero bytes on the Go heap where anonymous mappings
+// are not wired up; the returned function only drops nothing.
+func Anon(size int) ([]byte, func() error, error) {
+	if size <= 0 {
+		return nil, func() error { return nil }, nil
+	}
+	return make([]byte, size), func() error { return nil }, nil
 }

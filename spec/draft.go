@@ -96,6 +96,10 @@ func NewDraftFrom(fw Forwarder, c model.Config, o DraftOptions) (*Draft, error) 
 // KV is the draft's cache (for leak checks and usage).
 func (d *Draft) KV() *kvcache.Cache { return d.kv }
 
+// Close releases the draft's KV pages; the engine proposing with it must
+// have stopped.
+func (d *Draft) Close() error { return d.kv.Close() }
+
 // drafting is one sequence's state within a Propose call.
 type drafting struct {
 	r    *Req

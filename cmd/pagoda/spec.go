@@ -82,7 +82,7 @@ func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConf
 			dm.Close()
 			return cfg, close, fmt.Errorf("--draft %s: %w", f.draft, err)
 		}
-		cfg.Proposer, close = d, func() { dm.Close() }
+		cfg.Proposer, close = d, func() { d.Close(); dm.Close() }
 	default:
 		return cfg, close, fmt.Errorf("--spec-method %q: want ngram or draft", method)
 	}

@@ -41,6 +41,9 @@ func Start(cmd *exec.Cmd) (*Server, error) {
 	return s, nil
 }
 
+// Pid is the server's process id.
+func (s *Server) Pid() int { return s.cmd.Process.Pid }
+
 // WaitHealthy polls base/health until it answers 200, the process exits,
 // or limit passes.
 func (s *Server) WaitHealthy(base string, limit time.Duration) error {
