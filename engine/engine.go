@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"pagoda/executor"
+	"pagoda/grammar"
 	"pagoda/kernels"
 	"pagoda/kvcache"
 	"pagoda/model"
@@ -74,6 +75,11 @@ type Config struct {
 
 	// Spec configures speculative decoding (off without a proposer).
 	Spec SpecConfig
+
+	// Constraints compiles requests' constraints (nil: grammars over the
+	// tokenizer's vocabulary, cached, within GrammarLimits).
+	Constraints   ConstraintCompiler
+	GrammarLimits grammar.Limits
 
 	Registry *prometheus.Registry // where the vllm:* metrics go; nil = nowhere
 	// Ops computes attention in the KV cache (nil: kernels.Best()); the
@@ -146,6 +152,7 @@ type Engine struct {
 	cfg    Config
 	kv     *kvcache.Cache
 	m      *metrics
+	cons   ConstraintCompiler
 
 	mu       sync.Mutex
 	inNew    []*request
@@ -190,12 +197,16 @@ type request struct {
 	// cache (nil: the engine's default); kvLossy says its effective policy
 	// is not full attention (no speculation); maxLen is the tokens one of
 	// its sequences may reach.
-	kvPolicy  kvcache.Policy
-	kvLossy   bool
-	maxLen    int
-	comps     []completion
-	stopAfter func() bool
-	out       *outbox
+	kvPolicy kvcache.Policy
+	kvLossy  bool
+	maxLen   int
+	// constraint makes each completion's constraint (nil: none), from
+	// Request.Constraint.
+	constraint func() sample.Constraint
+	show       []int32 // WithShowTokens
+	comps      []completion
+	stopAfter  func() bool
+	out        *outbox
 
 	// Kept by the scheduler.
 	seqs     []*sequence // by completion index, as they are forked
@@ -296,6 +307,10 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	if e.vocab == nil {
 		e.vocab = &tokenizer.Vocab{BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1}
 	}
+	e.cons = cfg.Constraints
+	if e.cons == nil {
+		e.cons = newGrammarCompiler(tok, cfg.GrammarLimits)
+	}
 	if kv.PositionLimit() > 0 && kv.MaxSeqBlocks(e.sch.maxChunk()) > 0 {
 		e.maxLen = kv.PositionLimit()
 	}
@@ -381,9 +396,16 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := e.instantiate(ctx, req); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := req.makeSamplers(); err != nil {
+		return nil, err
+	}
+	req.show = showTokens(ctx)
 	// Unbuffered: events wait in the outbox, where they can be merged.
 	out := make(chan Event)
 	req.out = newOutbox()
@@ -449,21 +471,26 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	if err := r.Sampling.CheckVocab(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
-	q.kvPolicy, q.maxLen = r.KVPolicy, e.maxLen
-	if r.KVPolicy != nil {
-		if err := e.kv.CheckPolicy(r.KVPolicy); err != nil {
+	q.maxLen = e.maxLen
+	if r.KVPolicy != "" {
+		p, err := kvcache.ParsePolicy(r.KVPolicy)
+		if err == nil {
+			err = e.kv.CheckPolicy(p)
+		}
+		if err != nil {
 			return nil, fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
 		}
+		q.kvPolicy = p
 		// Past the context only where the engine's policy goes there
 		// too (the model checks positions against the cache's default)
 		// and the request's own keeps distances and blocks bounded.
-		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(r.KVPolicy) == 0 || e.kv.MaxSeqBlocksFor(r.KVPolicy, e.sch.maxChunk()) == 0 {
+		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(p) == 0 || e.kv.MaxSeqBlocksFor(p, e.sch.maxChunk()) == 0 {
 			q.maxLen = c.ContextLen
 		}
 	}
 	eff := c.KVPolicy
-	if r.KVPolicy != nil {
-		eff = r.KVPolicy
+	if q.kvPolicy != nil {
+		eff = q.kvPolicy
 	}
 	if eff != nil {
 		_, full := eff.(kvcache.FullPolicy)
@@ -471,7 +498,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	}
 	maxLen := q.maxLen
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
-	if peak := e.kv.MaxSeqBlocksFor(r.KVPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
+	if peak := e.kv.MaxSeqBlocksFor(q.kvPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
 		// The window bounds what a sequence ever holds at once (the
 		// largest chunk included), so only the context limits it.
 		kvTokens = maxLen
@@ -499,14 +526,27 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		q.maxTokens = r.MaxTokens
 	}
 	q.extra = kvcache.SaltKey(c.CacheSalt, r.CacheSalt)
-	for i := 0; i < q.r.N; i++ {
-		s, err := newSampler(r.Sampling, i)
-		if err != nil {
-			return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
-		}
-		q.comps = append(q.comps, completion{sampler: s, vrng: verifyRNG(r.Sampling, i)})
+	if err := r.Sampling.Validate(); err != nil {
+		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
 	return q, nil
+}
+
+// makeSamplers gives each completion its sampler (with its own
+// constraint) and its verification stream.
+func (q *request) makeSamplers() error {
+	for i := 0; i < q.r.N; i++ {
+		var con sample.Constraint
+		if q.constraint != nil {
+			con = q.constraint()
+		}
+		s, err := newSampler(q.r.Sampling, i, con)
+		if err != nil {
+			return fmt.Errorf("engine: request %q: %w", q.r.ID, err)
+		}
+		q.comps = append(q.comps, completion{sampler: s, vrng: verifyRNG(q.r.Sampling, i)})
+	}
+	return nil
 }
 
 func (e *Engine) loop() {

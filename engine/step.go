@@ -264,7 +264,7 @@ func (e *Engine) keepRaw(r *request, lg []float32) []float32 {
 func (e *Engine) emitToken(r *request, index int, tok int32, raw []float32, length int, now time.Time) bool {
 	c := &r.comps[index]
 	if c.text == nil {
-		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.r.ShowTokens...)
+		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.show...)
 	}
 	c.nOut++
 	r.completion++

@@ -275,7 +275,7 @@ func runServe(args []string) error {
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, KVPolicy: pol, KVRope: engine.ModelConfig(m, "").KVRope, Spec: sc,
+		Registry: reg, KVPolicy: pol, KVRope: engine.ModelConfig(m, "").KVRope, Spec: sc, GrammarLimits: gLim,
 	})
 	if err != nil {
 		return err
