@@ -50,13 +50,13 @@ func (e *Engine) Grammars() *grammar.Cache {
 	return nil
 }
 
-// instantiate compiles the request's constraint (its KV policy was
+// compile compiles the request's constraint with cons (its KV policy was
 // parsed by validate).
-func (e *Engine) instantiate(ctx context.Context, q *request) error {
+func (q *request) compile(ctx context.Context, cons ConstraintCompiler) error {
 	if q.r.Constraint == nil {
 		return nil
 	}
-	mk, err := e.cons.Compile(ctx, q.r.Constraint)
+	mk, err := cons.Compile(ctx, q.r.Constraint)
 	if err != nil {
 		return fmt.Errorf("engine: request %q: %w: %w", q.r.ID, ErrBadConstraint, err)
 	}

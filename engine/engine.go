@@ -157,6 +157,7 @@ type Engine struct {
 	mu       sync.Mutex
 	inNew    []*request
 	inCancel []*request
+	inStop   []stopMsg
 	inBlocks []chan kvcache.BlockMap
 	stopping bool
 	wake     chan struct{}
@@ -231,7 +232,6 @@ type completion struct {
 	sampler tokenSampler
 	draft   *sample.Sampler // a sampling proposer's copy of the settings
 	vrng    *rand.Rand      // uniforms for verifying drafts
-	text    *textOut        // made at the first token
 	nOut    int
 	lastTok time.Time
 }
@@ -396,7 +396,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := e.instantiate(ctx, req); err != nil {
+	if err := req.compile(ctx, e.cons); err != nil {
 		return nil, err
 	}
 	if err := ctx.Err(); err != nil {
@@ -406,6 +406,12 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 		return nil, err
 	}
 	req.show = showTokens(ctx)
+	proc := newOutProc(e.tok, req, func(index int) {
+		e.mu.Lock()
+		e.inStop = append(e.inStop, stopMsg{req, index})
+		e.mu.Unlock()
+		e.poke()
+	})
 	// Unbuffered: events wait in the outbox, where they can be merged.
 	out := make(chan Event)
 	req.out = newOutbox()
@@ -431,7 +437,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 		e.poke()
 	})
 	e.mu.Unlock()
-	go req.out.pump(ctx, out)
+	go req.out.pump(ctx, out, proc)
 	e.poke()
 	return out, nil
 }
@@ -471,30 +477,8 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	if err := r.Sampling.CheckVocab(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
-	q.maxLen = e.maxLen
-	if r.KVPolicy != "" {
-		p, err := kvcache.ParsePolicy(r.KVPolicy)
-		if err == nil {
-			err = e.kv.CheckPolicy(p)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
-		}
-		q.kvPolicy = p
-		// Past the context only where the engine's policy goes there
-		// too (the model checks positions against the cache's default)
-		// and the request's own keeps distances and blocks bounded.
-		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(p) == 0 || e.kv.MaxSeqBlocksFor(p, e.sch.maxChunk()) == 0 {
-			q.maxLen = c.ContextLen
-		}
-	}
-	eff := c.KVPolicy
-	if q.kvPolicy != nil {
-		eff = q.kvPolicy
-	}
-	if eff != nil {
-		_, full := eff.(kvcache.FullPolicy)
-		q.kvLossy = !full
+	if err := e.bindPolicy(q); err != nil {
+		return nil, err
 	}
 	maxLen := q.maxLen
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
@@ -530,6 +514,38 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
 	return q, nil
+}
+
+// bindPolicy parses the request's KV policy and decides what it implies:
+// whether it is lossy (no speculation) and how long a sequence may grow.
+func (e *Engine) bindPolicy(q *request) error {
+	c, r := e.cfg, &q.r
+	q.maxLen = e.maxLen
+	if r.KVPolicy != "" {
+		p, err := kvcache.ParsePolicy(r.KVPolicy)
+		if err == nil {
+			err = e.kv.CheckPolicy(p)
+		}
+		if err != nil {
+			return fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
+		}
+		q.kvPolicy = p
+		// Past the context only where the engine's policy goes there
+		// too (the model checks positions against the cache's default)
+		// and the request's own keeps distances and blocks bounded.
+		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(p) == 0 || e.kv.MaxSeqBlocksFor(p, e.sch.maxChunk()) == 0 {
+			q.maxLen = c.ContextLen
+		}
+	}
+	eff := c.KVPolicy
+	if q.kvPolicy != nil {
+		eff = q.kvPolicy
+	}
+	if eff != nil {
+		_, full := eff.(kvcache.FullPolicy)
+		q.kvLossy = !full
+	}
+	return nil
 }
 
 // makeSamplers gives each completion its sampler (with its own
@@ -589,17 +605,40 @@ func (e *Engine) loop() {
 
 func (e *Engine) takeInbox() {
 	e.mu.Lock()
-	news, cancels := e.inNew, e.inCancel
-	e.inNew, e.inCancel = nil, nil
+	news, cancels, stops := e.inNew, e.inCancel, e.inStop
+	e.inNew, e.inCancel, e.inStop = nil, nil, nil
 	e.blockWant = append(e.blockWant, e.inBlocks...)
 	e.inBlocks = nil
 	e.mu.Unlock()
 	for _, r := range news {
 		e.sch.add(r) // the scheduler binds its policy and prompt at admission
 	}
+	for _, st := range stops {
+		if s := st.r.live(st.index); s != nil {
+			e.sch.abort(s)
+			e.finishCompletion(st.r, Event{Index: st.index, Finish: FinishStop})
+		}
+	}
 	for _, r := range cancels {
 		e.endRequest(r, FinishCancelled, nil)
 	}
+}
+
+// stopMsg is an output processor's word that a stop string ended
+// completion index of r: the loop frees its sequence as a cancellation
+// would, but it finishes with FinishStop.
+type stopMsg struct {
+	r     *request
+	index int
+}
+
+// live is the sequence of completion index while it still runs or waits;
+// nil once it has finished (or the request has ended).
+func (r *request) live(index int) *sequence {
+	if r.ended || index >= len(r.seqs) || r.seqs[index] == nil || r.seqs[index].finished {
+		return nil
+	}
+	return r.seqs[index]
 }
 
 // finishCompletion streams the final event ev of one completion (the

@@ -537,9 +537,9 @@ func tokText(ids []int32) string { return newFakeTok().Decode(ids) }
 
 func TestTextOutHoldBack(t *testing.T) {
 	tk := newFakeTok()
-	o := newTextOut(tk, []int32{1}, []string{"cd", "éx"})
+	o := tokenizer.NewTextStream(tk, []int32{1}, []string{"cd", "éx"})
 	var got string
-	feed := func(id int32) (string, bool) { s, stop := o.add(id); got += s; return s, stop }
+	feed := func(id int32) (string, bool) { s, stop := o.Add(id); got += s; return s, stop }
 	if s, _ := feed(3 + 0); s != "a" { // "a"
 		t.Fatalf("%q", s)
 	}

@@ -39,25 +39,6 @@ type GrammarCacher interface {
 	Grammars() *grammar.Cache
 }
 
-// grammars is where the server checks constraints: the engine's cache
-// when the backend shares it, otherwise one of its own over the backend's
-// vocabulary. Compiled response formats and forced tool calls are kept by
-// grammar.Spec.Key (a SHA-256), least recently used first out, refusals
-// included (grammar.Cache).
-func (s *Server) grammars() (*grammar.Cache, error) {
-	if gc, ok := s.b.(GrammarCacher); ok {
-		if c := gc.Grammars(); c != nil {
-			return c, nil
-		}
-	}
-	gv, ok := s.b.(GrammarVocaber)
-	if !ok {
-		return nil, errNoGrammar
-	}
-	s.consOnce.Do(func() { s.cons = grammar.NewCache(gv.GrammarVocab) })
-	return s.cons, nil
-}
-
 // constraint returns the constraint of rf as data for the engine, nil for
 // plain text, once it has compiled. Compiling stops when ctx is done (the
 // client left).
@@ -100,12 +81,24 @@ var errNoGrammar = errors.New("server: the backend cannot constrain generation")
 
 // checkConstraint compiles spec (or finds it compiled) within the
 // server's limits, so that a schema the engine could not compile is the
-// client's 400 before anything is submitted.
+// client's 400 before anything is submitted. It compiles in the engine's
+// cache when the backend shares it, otherwise in one of the server's own
+// over the backend's vocabulary: compiled response formats and forced tool
+// calls are kept by grammar.Spec.Key (a SHA-256), least recently used
+// first out, refusals included (grammar.Cache).
 func (s *Server) checkConstraint(ctx context.Context, spec *grammar.Spec) error {
-	c, err := s.grammars()
-	if err != nil {
-		return err
+	var c *grammar.Cache
+	if gc, ok := s.b.(GrammarCacher); ok {
+		c = gc.Grammars()
 	}
-	_, err = c.Get(ctx, *spec, s.o.GrammarLimits)
+	if c == nil {
+		gv, ok := s.b.(GrammarVocaber)
+		if !ok {
+			return errNoGrammar
+		}
+		s.consOnce.Do(func() { s.cons = grammar.NewCache(gv.GrammarVocab) })
+		c = s.cons
+	}
+	_, err := c.Get(ctx, *spec, s.o.GrammarLimits)
 	return err
 }
