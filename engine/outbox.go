@@ -67,10 +67,17 @@ func (o *outbox) pump(ctx context.Context, out chan<- Event, p *outProc) {
 			}
 			continue
 		}
+		// Only stop strings need the events processed while the consumer
+		// lags; otherwise waking for each one would cost the loop's
+		// goroutines wake-ups for nothing.
+		sig := o.sig
+		if len(p.stops) == 0 {
+			sig = nil
+		}
 		select {
 		case out <- ready[0]:
 			ready = ready[1:]
-		case <-o.sig:
+		case <-sig:
 		case <-ctx.Done():
 			return
 		}
