@@ -32,9 +32,10 @@ func (o *outbox) push(ev Event, last bool) {
 
 // pump runs the request's output processor over the events the loop
 // pushes and delivers its events to out until the final one, or until ctx
-// ends (the consumer left), then closes out. Events are processed as they
-// arrive, also while a slow consumer holds up delivery, so a stop string
-// stops the sequence without waiting for the client to read.
+// ends (the consumer left), then closes out. For a request with stop
+// strings, events are processed as they arrive, also while a slow
+// consumer holds up delivery, so a stop string stops the sequence without
+// waiting for the client to read.
 func (o *outbox) pump(ctx context.Context, out chan<- Event, p *outProc) {
 	defer close(out)
 	// ready is being delivered; next gathers what is processed meanwhile
