@@ -4,12 +4,16 @@
 package engine
 
 import (
-	"pagoda/kvcache"
+	"context"
+
+	"pagoda/grammar"
 	"pagoda/sample"
 )
 
 // Request is one generation request as the server or CLI submits it.
-// Prompt is already tokenized.
+// Prompt is already tokenized. It is plain data (it round-trips through
+// encoding/json): the KV policy is its spec string and the constraint its
+// source, both instantiated on the engine side at Submit.
 type Request struct {
 	ID        string
 	Prompt    []int32
@@ -20,10 +24,6 @@ type Request struct {
 	StopTokens  []int32  // besides the vocabulary's end-of-generation ids
 	StopStrings []string // matched on the detokenized output; not emitted
 	IgnoreEOS   bool
-	// ShowTokens are control tokens rendered as their text in the output,
-	// which detokenization otherwise drops: the server's tool-call parser
-	// needs markers such as Mistral's [TOOL_CALLS].
-	ShowTokens  []int32
 	TopLogprobs int // 0 = none; >0: return that many alternatives per token (logprob of chosen always returned when Logprobs)
 	Logprobs    bool
 	// PromptLogprobs asks for the logprob (and TopLogprobs alternatives)
@@ -49,15 +49,44 @@ type Request struct {
 	// setting, a negative value turns speculation off for the request.
 	SpecTokens int
 
-	// KVPolicy is the KV cache policy this request's sequences run
-	// (kvcache.ParsePolicy: streaming, quest, h2o, snapkv): nil runs the
-	// engine's Config.KVPolicy, kvcache.FullPolicy{} runs none (the
-	// model's own attention) even where the engine has one. Requests
+	// KVPolicy is the KV cache policy this request's sequences run, as
+	// kvcache.ParsePolicy reads it ("quest:budget=1024"; streaming, quest,
+	// h2o, snapkv): "" runs the engine's Config.KVPolicy, "none" (or
+	// "full") runs none (the model's own attention) even where the engine
+	// has one. A spec that does not parse is ErrBadKVPolicy at Submit. Requests
 	// batch together whatever their policies; a request whose effective
 	// policy is not full attention does not speculate. A per-request
 	// policy never lets a request past the model's context unless the
 	// engine's policy does too (a streaming Config.KVPolicy).
-	KVPolicy kvcache.Policy
+	KVPolicy string
+
+	// Constraint restricts the output to a grammar (a JSON schema, any
+	// JSON object, a tool call): nil for none. The engine compiles it at
+	// Submit (Config.Constraints; compiled grammars are cached by
+	// Spec.Key) and gives each completion its own matcher. A spec that
+	// does not compile is ErrBadConstraint. Constrained requests do not
+	// speculate.
+	Constraint *grammar.Spec `json:",omitempty"`
+}
+
+type showKey struct{}
+
+// WithShowTokens returns ctx carrying control tokens that the output
+// processor renders as their text in a request's output, which
+// detokenization otherwise drops: the server's tool-call parser needs
+// markers such as Mistral's [TOOL_CALLS]. This is front-end rendering,
+// no part of the request the engine schedules, so it travels beside it
+// rather than in it.
+func WithShowTokens(ctx context.Context, ids ...int32) context.Context {
+	if len(ids) == 0 {
+		return ctx
+	}
+	return context.WithValue(ctx, showKey{}, append([]int32(nil), ids...))
+}
+
+func showTokens(ctx context.Context) []int32 {
+	ids, _ := ctx.Value(showKey{}).([]int32)
+	return ids
 }
 
 // FinishReason says why a completion ended.

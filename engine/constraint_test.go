@@ -3,10 +3,24 @@ package engine
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 
+	"pagoda/grammar"
 	"pagoda/sample"
 )
+
+// funcCompiler compiles a spec to the constraint factory named by its
+// Schema: the engine side of a test's constraints.
+type funcCompiler map[string]func() sample.Constraint
+
+func (f funcCompiler) Compile(_ context.Context, s *grammar.Spec) (func() sample.Constraint, error) {
+	mk, ok := f[s.Schema]
+	if !ok {
+		return nil, fmt.Errorf("no constraint %q", s.Schema)
+	}
+	return mk, nil
+}
 
 // countdown allows only token want, and fails once it has accepted
 // limit tokens (-1: never).
@@ -36,16 +50,21 @@ func (c *countdown) Accept(tok int32) error {
 // (one of them fails after 3 tokens and alone ends with FinishError and
 // its error; the others follow their masks to max_tokens).
 func TestConstrainedSampling(t *testing.T) {
-	e := startEngine(t, &fakeModel{}, fakeConfig())
 	made := 0
-	req := &Request{ID: "c", Prompt: []int32{3, 4, 5}, MaxTokens: 6, N: 3, Sampling: sample.Params{Temperature: 1,
-		Constraint: func() sample.Constraint {
-			made++
-			if made == 2 {
-				return &countdown{want: 7, limit: 3}
-			}
-			return &countdown{want: int32(5 + made), limit: -1}
-		}}}
+	cfg := fakeConfig()
+	cfg.Constraints = funcCompiler{"countdown": func() sample.Constraint {
+		made++
+		if made == 2 {
+			return &countdown{want: 7, limit: 3}
+		}
+		return &countdown{want: int32(5 + made), limit: -1}
+	}}
+	e := startEngine(t, &fakeModel{}, cfg)
+	if _, err := e.Submit(context.Background(), &Request{Prompt: []int32{3}, Constraint: &grammar.Spec{Schema: "nothing"}}); !errors.Is(err, ErrBadConstraint) {
+		t.Fatalf("a constraint that does not compile: %v, want ErrBadConstraint", err)
+	}
+	req := &Request{ID: "c", Prompt: []int32{3, 4, 5}, MaxTokens: 6, N: 3, Sampling: sample.Params{Temperature: 1},
+		Constraint: &grammar.Spec{Schema: "countdown"}}
 	ch, err := e.Submit(context.Background(), req)
 	if err != nil {
 		t.Fatal(err)

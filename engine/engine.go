@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"pagoda/executor"
+	"pagoda/grammar"
 	"pagoda/kernels"
 	"pagoda/kvcache"
 	"pagoda/model"
@@ -78,6 +79,11 @@ type Config struct {
 
 	// Spec configures speculative decoding (off without a proposer).
 	Spec SpecConfig
+
+	// Constraints compiles requests' constraints (nil: grammars over the
+	// tokenizer's vocabulary, cached, within GrammarLimits).
+	Constraints   ConstraintCompiler
+	GrammarLimits grammar.Limits
 
 	Registry *prometheus.Registry // where the vllm:* metrics go; nil = nowhere
 	// Executor, when set, runs the steps elsewhere (worker processes of a
@@ -155,10 +161,12 @@ type Engine struct {
 	cfg    Config
 	kv     *kvcache.Cache
 	m      *metrics
+	cons   ConstraintCompiler
 
 	mu       sync.Mutex
 	inNew    []*request
 	inCancel []*request
+	inStop   []stopMsg
 	inBlocks []chan kvcache.BlockMap
 	stopping bool
 	wake     chan struct{}
@@ -199,12 +207,16 @@ type request struct {
 	// cache (nil: the engine's default); kvLossy says its effective policy
 	// is not full attention (no speculation); maxLen is the tokens one of
 	// its sequences may reach.
-	kvPolicy  kvcache.Policy
-	kvLossy   bool
-	maxLen    int
-	comps     []completion
-	stopAfter func() bool
-	out       *outbox
+	kvPolicy kvcache.Policy
+	kvLossy  bool
+	maxLen   int
+	// constraint makes each completion's constraint (nil: none), from
+	// Request.Constraint.
+	constraint func() sample.Constraint
+	show       []int32 // WithShowTokens
+	comps      []completion
+	stopAfter  func() bool
+	out        *outbox
 
 	// Kept by the scheduler.
 	seqs     []*sequence // by completion index, as they are forked
@@ -229,7 +241,6 @@ type completion struct {
 	sampler tokenSampler
 	draft   *sample.Sampler // a sampling proposer's copy of the settings
 	vrng    *rand.Rand      // uniforms for verifying drafts
-	text    *textOut        // made at the first token
 	nOut    int
 	lastTok time.Time
 }
@@ -293,6 +304,10 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	}
 	if e.vocab == nil {
 		e.vocab = &tokenizer.Vocab{BOS: -1, EOS: -1, UNK: -1, PAD: -1, EOT: -1}
+	}
+	e.cons = cfg.Constraints
+	if e.cons == nil {
+		e.cons = newGrammarCompiler(tok, cfg.GrammarLimits)
 	}
 	if kv.PositionLimit() > 0 && kv.MaxSeqBlocks(e.sch.maxChunk()) > 0 {
 		e.maxLen = kv.PositionLimit()
@@ -427,9 +442,22 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 	if err != nil {
 		return nil, err
 	}
+	if err := req.compile(ctx, e.cons); err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
+	if err := req.makeSamplers(); err != nil {
+		return nil, err
+	}
+	req.show = showTokens(ctx)
+	proc := newOutProc(e.tok, req, func(index int) {
+		e.mu.Lock()
+		e.inStop = append(e.inStop, stopMsg{req, index})
+		e.mu.Unlock()
+		e.poke()
+	})
 	// Unbuffered: events wait in the outbox, where they can be merged.
 	out := make(chan Event)
 	req.out = newOutbox()
@@ -455,7 +483,7 @@ func (e *Engine) Submit(ctx context.Context, r *Request) (<-chan Event, error) {
 		e.poke()
 	})
 	e.mu.Unlock()
-	go req.out.pump(ctx, out)
+	go req.out.pump(ctx, out, proc)
 	e.poke()
 	return out, nil
 }
@@ -504,29 +532,12 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	if err := r.Sampling.CheckVocab(c.VocabSize); err != nil {
 		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
-	q.kvPolicy, q.maxLen = r.KVPolicy, e.maxLen
-	if r.KVPolicy != nil {
-		if err := checkRequestPolicy(e.kv, r.KVPolicy, c.ContextLen); err != nil {
-			return nil, fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
-		}
-		// Past the context only where the engine's policy goes there
-		// too (the model checks positions against the cache's default)
-		// and the request's own keeps distances and blocks bounded.
-		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(r.KVPolicy) == 0 || e.kv.MaxSeqBlocksFor(r.KVPolicy, e.sch.maxChunk()) == 0 {
-			q.maxLen = c.ContextLen
-		}
-	}
-	eff := c.KVPolicy
-	if r.KVPolicy != nil {
-		eff = r.KVPolicy
-	}
-	if eff != nil {
-		_, full := eff.(kvcache.FullPolicy)
-		q.kvLossy = !full
+	if err := e.bindPolicy(q); err != nil {
+		return nil, err
 	}
 	maxLen := q.maxLen
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
-	if peak := e.kv.MaxSeqBlocksFor(r.KVPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
+	if peak := e.kv.MaxSeqBlocksFor(q.kvPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
 		// The window bounds what a sequence ever holds at once (the
 		// largest chunk included), so only the context limits it.
 		kvTokens = maxLen
@@ -554,14 +565,59 @@ func (e *Engine) validate(r *Request) (*request, error) {
 		q.maxTokens = r.MaxTokens
 	}
 	q.extra = kvcache.SaltKey(c.CacheSalt, r.CacheSalt)
-	for i := 0; i < q.r.N; i++ {
-		s, err := newSampler(r.Sampling, i)
-		if err != nil {
-			return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
-		}
-		q.comps = append(q.comps, completion{sampler: s, vrng: verifyRNG(r.Sampling, i)})
+	if err := r.Sampling.Validate(); err != nil {
+		return nil, fmt.Errorf("engine: request %q: %w", r.ID, err)
 	}
 	return q, nil
+}
+
+// bindPolicy parses the request's KV policy and decides what it implies:
+// whether it is lossy (no speculation) and how long a sequence may grow.
+func (e *Engine) bindPolicy(q *request) error {
+	c, r := e.cfg, &q.r
+	q.maxLen = e.maxLen
+	if r.KVPolicy != "" {
+		p, err := kvcache.ParsePolicy(r.KVPolicy)
+		if err == nil {
+			err = checkRequestPolicy(e.kv, p, c.ContextLen)
+		}
+		if err != nil {
+			return fmt.Errorf("engine: request %q: %w: %w", r.ID, ErrBadKVPolicy, err)
+		}
+		q.kvPolicy = p
+		// Past the context only where the engine's policy goes there
+		// too (the model checks positions against the cache's default)
+		// and the request's own keeps distances and blocks bounded.
+		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(p) == 0 || e.kv.MaxSeqBlocksFor(p, e.sch.maxChunk()) == 0 {
+			q.maxLen = c.ContextLen
+		}
+	}
+	eff := c.KVPolicy
+	if q.kvPolicy != nil {
+		eff = q.kvPolicy
+	}
+	if eff != nil {
+		_, full := eff.(kvcache.FullPolicy)
+		q.kvLossy = !full
+	}
+	return nil
+}
+
+// makeSamplers gives each completion its sampler (with its own
+// constraint) and its verification stream.
+func (q *request) makeSamplers() error {
+	for i := 0; i < q.r.N; i++ {
+		var con sample.Constraint
+		if q.constraint != nil {
+			con = q.constraint()
+		}
+		s, err := newSampler(q.r.Sampling, i, con)
+		if err != nil {
+			return fmt.Errorf("engine: request %q: %w", q.r.ID, err)
+		}
+		q.comps = append(q.comps, completion{sampler: s, vrng: verifyRNG(q.r.Sampling, i)})
+	}
+	return nil
 }
 
 func (e *Engine) loop() {
@@ -609,17 +665,40 @@ func (e *Engine) loop() {
 
 func (e *Engine) takeInbox() {
 	e.mu.Lock()
-	news, cancels := e.inNew, e.inCancel
-	e.inNew, e.inCancel = nil, nil
+	news, cancels, stops := e.inNew, e.inCancel, e.inStop
+	e.inNew, e.inCancel, e.inStop = nil, nil, nil
 	e.blockWant = append(e.blockWant, e.inBlocks...)
 	e.inBlocks = nil
 	e.mu.Unlock()
 	for _, r := range news {
 		e.sch.add(r) // the scheduler binds its policy and prompt at admission
 	}
+	for _, st := range stops {
+		if s := st.r.live(st.index); s != nil {
+			e.sch.abort(s)
+			e.finishCompletion(st.r, Event{Index: st.index, Finish: FinishStop})
+		}
+	}
 	for _, r := range cancels {
 		e.endRequest(r, FinishCancelled, nil)
 	}
+}
+
+// stopMsg is an output processor's word that a stop string ended
+// completion index of r: the loop frees its sequence as a cancellation
+// would, but it finishes with FinishStop.
+type stopMsg struct {
+	r     *request
+	index int
+}
+
+// live is the sequence of completion index while it still runs or waits;
+// nil once it has finished (or the request has ended).
+func (r *request) live(index int) *sequence {
+	if r.ended || index >= len(r.seqs) || r.seqs[index] == nil || r.seqs[index].finished {
+		return nil
+	}
+	return r.seqs[index]
 }
 
 // finishCompletion streams the final event ev of one completion (the

@@ -537,9 +537,9 @@ func tokText(ids []int32) string { return newFakeTok().Decode(ids) }
 
 func TestTextOutHoldBack(t *testing.T) {
 	tk := newFakeTok()
-	o := newTextOut(tk, []int32{1}, []string{"cd", "éx"})
+	o := tokenizer.NewTextStream(tk, []int32{1}, []string{"cd", "éx"})
 	var got string
-	feed := func(id int32) (string, bool) { s, stop := o.add(id); got += s; return s, stop }
+	feed := func(id int32) (string, bool) { s, stop := o.Add(id); got += s; return s, stop }
 	if s, _ := feed(3 + 0); s != "a" { // "a"
 		t.Fatalf("%q", s)
 	}
@@ -829,6 +829,18 @@ func TestMetrics(t *testing.T) {
 }
 
 func BenchmarkStepLoop(b *testing.B) {
+	for _, c := range []struct {
+		name  string
+		stops []string
+	}{{"plain", nil}, {"stops", []string{"\x00never", "zq"}}} {
+		b.Run(c.name, func(b *testing.B) { benchStepLoop(b, c.stops) })
+	}
+}
+
+// benchStepLoop runs rounds of 32 requests of 16 tokens on the fake
+// model: the cost of everything but the model, output processing (with
+// stop strings that never match, or none) included.
+func benchStepLoop(b *testing.B, stops []string) {
 	cfg := fakeConfig()
 	cfg.KVBlocks = 512
 	cfg.MaxNumSeqs = 32
@@ -843,7 +855,7 @@ func BenchmarkStepLoop(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		var wg sync.WaitGroup
 		for j := 0; j < 32; j++ {
-			ch, err := e.Submit(context.Background(), &Request{Prompt: randPrompt(rng, nil, 16), MaxTokens: 16, IgnoreEOS: true})
+			ch, err := e.Submit(context.Background(), &Request{Prompt: randPrompt(rng, nil, 16), MaxTokens: 16, IgnoreEOS: true, StopStrings: stops})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -38,10 +38,7 @@ func storiesBlockHashes(t *testing.T) map[string][]uint64 {
 	if len(prompt) < 3*kvcache.DefaultBlockSize {
 		t.Fatalf("prompt of %d tokens is too short", len(prompt))
 	}
-	stream, err := kvcache.ParsePolicy("streaming:sinks=4,window=24")
-	if err != nil {
-		t.Fatal(err)
-	}
+	const stream = "streaming:sinks=4,window=24"
 	out := map[string][]uint64{}
 	for _, c := range []struct {
 		name string

@@ -6,7 +6,8 @@ import (
 )
 
 // outbox decouples the engine loop from a request's consumer: the loop
-// appends without ever blocking, a pump goroutine delivers in order.
+// appends without ever blocking, a pump goroutine runs the output
+// processor (outProc) over what it appends and delivers in order.
 type outbox struct {
 	mu     sync.Mutex
 	q      []Event
@@ -29,30 +30,55 @@ func (o *outbox) push(ev Event, last bool) {
 	}
 }
 
-// pump delivers events to out until the final one, or until ctx ends (the
-// consumer left), then closes out.
-func (o *outbox) pump(ctx context.Context, out chan<- Event) {
+// pump runs the request's output processor over the events the loop
+// pushes and delivers its events to out until the final one, or until ctx
+// ends (the consumer left), then closes out. For a request with stop
+// strings, events are processed as they arrive, also while a slow
+// consumer holds up delivery, so a stop string stops the sequence without
+// waiting for the client to read.
+func (o *outbox) pump(ctx context.Context, out chan<- Event, p *outProc) {
 	defer close(out)
+	// ready is being delivered; next gathers what is processed meanwhile
+	// and is merged as one batch when ready is through, as a consumer
+	// that lags sees it.
+	var ready, next []Event
+	final := false
+	emit := func(ev Event) { next = append(next, ev) }
 	for {
 		o.mu.Lock()
-		q, closed := coalesce(o.q), o.closed
+		q := o.q
 		o.q = nil
 		o.mu.Unlock()
 		for _, ev := range q {
+			if !final {
+				final = p.process(ev, emit)
+			}
+		}
+		if len(ready) == 0 {
+			ready, next = coalesce(next), nil
+		}
+		if len(ready) == 0 {
+			if final {
+				return
+			}
 			select {
-			case out <- ev:
+			case <-o.sig:
 			case <-ctx.Done():
 				return
 			}
-		}
-		if len(q) > 0 {
 			continue
 		}
-		if closed {
-			return
+		// Only stop strings need the events processed while the consumer
+		// lags; otherwise waking for each one would cost the loop's
+		// goroutines wake-ups for nothing.
+		sig := o.sig
+		if len(p.stops) == 0 {
+			sig = nil
 		}
 		select {
-		case <-o.sig:
+		case out <- ready[0]:
+			ready = ready[1:]
+		case <-sig:
 		case <-ctx.Done():
 			return
 		}

@@ -89,7 +89,7 @@ func TestRequestPolicies(t *testing.T) {
 			for _, spec := range specs {
 				r := &Request{ID: fmt.Sprintf("%d/%s", i, spec), Prompt: p, MaxTokens: maxTokens, IgnoreEOS: true}
 				if spec != def || i%2 == 1 {
-					r.KVPolicy = mustPolicy(t, spec) // "full" parses to FullPolicy: none
+					r.KVPolicy = spec // "full" parses to FullPolicy: none
 				}
 				if i == 0 && spec == "quest:budget=16,dense=1" {
 					r.N = 2 // a fork keeps its parent's policy
@@ -159,7 +159,7 @@ func TestRequestPolicies(t *testing.T) {
 	settled(t, es)
 	for _, spec := range specs {
 		ctx, cancel := context.WithCancel(context.Background())
-		ch, err := es.Submit(ctx, &Request{Prompt: prompts[len(prompts)-1], MaxTokens: 60, IgnoreEOS: true, KVPolicy: mustPolicy(t, spec)})
+		ch, err := es.Submit(ctx, &Request{Prompt: prompts[len(prompts)-1], MaxTokens: 60, IgnoreEOS: true, KVPolicy: spec})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -179,16 +179,16 @@ func TestRequestPolicies(t *testing.T) {
 // held to the context.
 func TestRequestPolicyChecks(t *testing.T) {
 	e := startEngine(t, &fakeModel{}, fakeConfig())
-	for _, p := range []kvcache.Policy{kvcache.StreamingPolicy{Sinks: 4, Window: 8}, kvcache.WindowPolicy{W: 4}, kvcache.NewQuest(0, 0)} {
+	for _, p := range []string{"streaming:sinks=4,window=8", "window:w=4", "quest:budget=0", "bogus", "quest:budget=16,colour=red"} {
 		if _, err := e.Submit(context.Background(), &Request{Prompt: []int32{1, 2}, MaxTokens: 2, KVPolicy: p}); !errors.Is(err, ErrBadKVPolicy) {
-			t.Errorf("policy %v: %v, want ErrBadKVPolicy", p, err)
+			t.Errorf("policy %q: %v, want ErrBadKVPolicy", p, err)
 		}
 	}
-	q, err := e.validate(&Request{Prompt: []int32{1, 2}, MaxTokens: 2, KVPolicy: kvcache.NewQuest(16, 0)})
+	q, err := e.validate(&Request{Prompt: []int32{1, 2}, MaxTokens: 2, KVPolicy: "quest:budget=16"})
 	if err != nil || !q.kvLossy {
 		t.Fatalf("quest request: lossy %v, err %v", q != nil && q.kvLossy, err)
 	}
-	q, err = e.validate(&Request{Prompt: []int32{1, 2}, MaxTokens: 2, KVPolicy: kvcache.FullPolicy{}})
+	q, err = e.validate(&Request{Prompt: []int32{1, 2}, MaxTokens: 2, KVPolicy: "none"})
 	if err != nil || q.kvLossy {
 		t.Fatalf("none request: lossy %v, err %v", q != nil && q.kvLossy, err)
 	}
@@ -216,7 +216,7 @@ func TestRequestPolicyChecks(t *testing.T) {
 		}
 		r := &Request{Prompt: []int32{1, 2, 3}, MaxTokens: 3 * cfg.ContextLen}
 		if c.own != "" {
-			r.KVPolicy = mustPolicy(t, c.own)
+			r.KVPolicy = c.own
 		}
 		_, err = em.validate(r)
 		if (err == nil) != c.past || (err != nil && !errors.Is(err, ErrTooLong)) {
@@ -257,7 +257,7 @@ func TestRequestPolicySpeculation(t *testing.T) {
 	cfg.KVPolicy = mustPolicy(t, quest)
 	cfg.Spec = SpecConfig{Proposer: ng, Tokens: 3, Fixed: true}
 	e := startModelEngine(t, m, cfg)
-	none := &Request{Prompt: prompts[2], MaxTokens: 40, IgnoreEOS: true, KVPolicy: kvcache.FullPolicy{}}
+	none := &Request{Prompt: prompts[2], MaxTokens: 40, IgnoreEOS: true, KVPolicy: "none"}
 	def := &Request{Prompt: prompts[2], MaxTokens: 40, IgnoreEOS: true}
 	for _, c := range []struct {
 		r    *Request

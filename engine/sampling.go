@@ -9,13 +9,13 @@ import (
 // tokenSampler is what the step loop needs of a sampler: one per sequence.
 type tokenSampler interface {
 	Sample(logits []float32, history []int32) int32
-	Err() error // a constraint's failure (sample.Params.Constraint)
+	Err() error // a constraint's failure (Request.Constraint)
 }
 
 // newSampler builds the sampler of completion index of a request. With a
 // seed, completion i draws from seed+i so parallel completions differ yet
 // each is reproducible.
-func newSampler(p sample.Params, index int) (tokenSampler, error) {
+func newSampler(p sample.Params, index int, con sample.Constraint) (tokenSampler, error) {
 	if p.HasSeed {
 		p.Seed += uint64(index)
 	} else {
@@ -24,7 +24,7 @@ func newSampler(p sample.Params, index int) (tokenSampler, error) {
 		// then be copies of each other.
 		p.Seed, p.HasSeed = rand.Uint64(), true
 	}
-	return sample.New(p)
+	return sample.NewConstrained(p, con)
 }
 
 // topLogprobs picks the k most likely tokens of logits, best first.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"pagoda/grammar"
 	"slices"
 	"sort"
 	"strings"
@@ -472,11 +473,11 @@ func TestSpecSkipsConstrained(t *testing.T) {
 	cfg.KVBlocks = 64
 	ng, _ := spec.NewNGram(1, 2)
 	cfg.Spec = SpecConfig{Proposer: ng, Tokens: 4, Fixed: true}
+	cfg.Constraints = funcCompiler{"nines": func() sample.Constraint { return &countdown{want: 9, limit: -1} }}
 	e := startEngine(t, &fakeModel{}, cfg)
 	// The mask makes the output one repeated token: ideal for n-gram
 	// drafts, were they allowed.
-	r := run(t, e, &Request{Prompt: []int32{3, 4, 5}, MaxTokens: 20, IgnoreEOS: true, Sampling: sample.Params{
-		Constraint: func() sample.Constraint { return &countdown{want: 9, limit: -1} }}})
+	r := run(t, e, &Request{Prompt: []int32{3, 4, 5}, MaxTokens: 20, IgnoreEOS: true, Constraint: &grammar.Spec{Schema: "nines"}})
 	if len(r.tokens[0]) != 20 || slices.IndexFunc(r.tokens[0], func(t int32) bool { return t != 9 }) >= 0 {
 		t.Fatalf("constrained output %v", r.tokens[0])
 	}

@@ -59,14 +59,14 @@ const probeEvery = 32
 // does not speculate. This is the one place that decides which requests
 // can: the engine must have a proposer, the request must not opt out
 // (Request.SpecTokens < 0), and its samplers must report the distribution
-// they draw from. A constrained request (sample.Params.Constraint: a
+// they draw from. A constrained request (Request.Constraint: a
 // grammar or JSON schema) never speculates: its constraint's state moves
 // with every draw and would have to be rolled back with rejected drafts. A KV policy
 // (Config.KVPolicy: sinks, windows, shifted positions) turns speculation
 // off too: rolling drafts back under a policy that moves or drops
 // positions is not verified yet.
 func (e *Engine) specTokens(r *request) int {
-	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || r.kvLossy || r.r.Sampling.Constraint != nil {
+	if e.cfg.Spec.Proposer == nil || r.r.SpecTokens < 0 || r.kvLossy || r.constraint != nil {
 		return 0
 	}
 	for i := range r.comps {
@@ -179,7 +179,7 @@ func (e *Engine) draftSampler(r *request, c *completion, index int) *sample.Samp
 		if p.HasSeed {
 			p.Seed ^= 0x5bd1e9955bd1e995
 		}
-		s, err := newSampler(p, index)
+		s, err := newSampler(p, index, nil)
 		if err != nil {
 			return nil // validated already; greedy drafting is still exact
 		}

@@ -2,11 +2,13 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"pagoda/executor"
 	"pagoda/sample"
 	"pagoda/spec"
+	"pagoda/tokenizer"
 )
 
 // step drives one step: plan, batch, forward, sample, update (streaming as
@@ -260,12 +262,11 @@ func (e *Engine) keepRaw(r *request, lg []float32) []float32 {
 
 // emitToken streams token tok of completion index of r (raw is its row
 // from keepRaw, for logprobs; length the sequence's length with tok) and
-// reports whether the completion ends with it.
+// reports whether the completion ends with it. The event carries token
+// ids, logprobs and the finish only: its text, and the stop strings, are
+// the output processor's (outProc), off this loop.
 func (e *Engine) emitToken(r *request, index int, tok int32, raw []float32, length int, now time.Time) bool {
 	c := &r.comps[index]
-	if c.text == nil {
-		c.text = newTextOut(e.tok, r.r.Prompt, r.r.StopStrings, r.r.ShowTokens...)
-	}
 	c.nOut++
 	r.completion++
 	e.st.GenerationTokens++
@@ -287,7 +288,7 @@ func (e *Engine) emitToken(r *request, index int, tok int32, raw []float32, leng
 		}
 		ev.Logprob = []float32{sample.Logprob(raw, tok)}
 	}
-	ev.Finish = e.finishReason(r, c, tok, length, &ev)
+	ev.Finish = r.finishReason(e.vocab, c, tok, length)
 	if ev.Finish == FinishNone {
 		r.out.push(ev, false)
 		return false
@@ -296,30 +297,14 @@ func (e *Engine) emitToken(r *request, index int, tok int32, raw []float32, leng
 	return true
 }
 
-// finishReason feeds tok to the detokenizer (adding the text to ev) and
-// says whether the completion ends with it; length is the sequence's
-// length with tok.
-func (e *Engine) finishReason(r *request, c *completion, tok int32, length int, ev *Event) FinishReason {
-	finish := FinishNone
-	if !r.r.IgnoreEOS && e.vocab.IsEOG(tok) {
-		finish = FinishStop
-	}
-	for _, st := range r.r.StopTokens {
-		if tok == st {
-			finish = FinishStop
-		}
-	}
-	if finish != FinishNone {
-		ev.Text = c.text.flush()
-		return finish
-	}
-	text, stopped := c.text.add(tok)
-	ev.Text = text
+// finishReason says whether completion c ends with tok (length is the
+// sequence's length with tok): FinishStop only at an end-of-generation or
+// stop token, as the output processor relies on.
+func (r *request) finishReason(vocab *tokenizer.Vocab, c *completion, tok int32, length int) FinishReason {
 	switch {
-	case stopped:
+	case !r.r.IgnoreEOS && vocab.IsEOG(tok), slices.Contains(r.r.StopTokens, tok):
 		return FinishStop
 	case c.nOut >= r.maxTokens || length >= r.maxLen:
-		ev.Text += c.text.flush()
 		return FinishLength
 	}
 	return FinishNone

@@ -1,4 +1,4 @@
-package grammar
+package grammar_test
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"pagoda/embedded"
 	"pagoda/engine"
+	"pagoda/grammar"
 	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/tokenizer"
@@ -63,26 +64,20 @@ func openStories(t testing.TB) (*model.Model, *engine.Engine) {
 func TestStoriesSchemas(t *testing.T) {
 	m, eng := openStories(t)
 	tok := m.Tokenizer()
-	v := NewVocab(tok)
 	prompt := tok.Encode("Once upon a time", tokenizer.Options{AddSpecial: true})
 	const perRequest, requests = 10, 5
 	var mu sync.Mutex
 	var total, tokens int
 	var wg sync.WaitGroup
 	for si, s := range storySchemas {
-		g, err := CompileSchema([]byte(s))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c := New(g, v)
 		for r := range requests {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				req := &engine.Request{
 					ID: fmt.Sprintf("s%d-r%d", si, r), Prompt: prompt, N: perRequest, MaxTokens: 400,
-					Sampling: sample.Params{Temperature: 1, Seed: uint64(1000*si + 100*r), HasSeed: true,
-						Constraint: func() sample.Constraint { return c.Matcher() }},
+					Sampling:   sample.Params{Temperature: 1, Seed: uint64(1000*si + 100*r), HasSeed: true},
+					Constraint: &grammar.Spec{Kind: grammar.KindJSONSchema, Schema: s},
 				}
 				ch, err := eng.Submit(context.Background(), req)
 				if err != nil {
@@ -107,7 +102,7 @@ func TestStoriesSchemas(t *testing.T) {
 						t.Errorf("%s/%d: finish %q, text %q", req.ID, i, finish[i], texts[i].String())
 						continue
 					}
-					if err := parseAndValidate(texts[i].String(), []byte(s)); err != nil {
+					if err := grammar.ParseAndValidate(texts[i].String(), []byte(s)); err != nil {
 						t.Errorf("%s/%d: %v", req.ID, i, err)
 					}
 				}

@@ -39,8 +39,8 @@ func TestConstraint(t *testing.T) {
 	for _, p := range []Params{
 		{Temperature: 0}, {Temperature: 1}, {Temperature: 1, TopK: 40}, {Temperature: 0.7, TopP: 0.9}, {Temperature: 1.5, MinP: 0.05},
 	} {
-		p.Constraint, p.Seed, p.HasSeed = factory, 7, true
-		s, err := New(p)
+		p.Seed, p.HasSeed = 7, true
+		s, err := NewConstrained(p, factory())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -71,7 +71,7 @@ func TestConstraint(t *testing.T) {
 	if len(made) != 5 {
 		t.Fatalf("%d constraints made, want one per sampler", len(made))
 	}
-	s, _ := New(Params{Temperature: 1, Constraint: func() Constraint { return &evenOnly{fail: true} }})
+	s, _ := NewConstrained(Params{Temperature: 1}, &evenOnly{fail: true})
 	s.Sample(make([]float32, 8), nil)
 	if s.Err() == nil {
 		t.Fatal("a failing mask left no error")

@@ -19,17 +19,15 @@ type Params struct {
 	LogitBias map[int32]float32
 	Seed      uint64
 	HasSeed   bool // false: a random seed per sampler
-
-	// Constraint, when set, makes each sampler's own Constraint (one per
-	// completion): Sample masks the logits with it first and feeds it the
-	// chosen token. A constrained sampler's state moves with every draw,
-	// so it cannot verify speculative drafts (it would need its state
-	// cloned and rolled back): constrained requests must not speculate.
-	Constraint func() Constraint
 }
 
 // Constraint restricts which tokens may come next (a grammar, a JSON
-// schema).
+// schema). A sampler built with one (NewConstrained) masks the logits with
+// it first and feeds it the chosen token. A constrained sampler's state
+// moves with every draw, so it cannot verify speculative drafts (it would
+// need its state cloned and rolled back): constrained requests must not
+// speculate. Params holds no constraint: they are plain data, and a
+// constraint is live state, one per completion.
 type Constraint interface {
 	// Mask sets the logits of forbidden tokens to -Inf; an error means no
 	// token is allowed.

@@ -75,7 +75,10 @@ type cand struct {
 
 // New validates p and returns a sampler seeded from p.Seed (or a random seed
 // when !p.HasSeed).
-func New(p Params) (*Sampler, error) {
+func New(p Params) (*Sampler, error) { return NewConstrained(p, nil) }
+
+// NewConstrained is New with con restricting every draw (nil: none).
+func NewConstrained(p Params, con Constraint) (*Sampler, error) {
 	if err := p.Validate(); err != nil {
 		return nil, err
 	}
@@ -86,11 +89,7 @@ func New(p Params) (*Sampler, error) {
 		// would repeat). Reproducibility only matters with HasSeed.
 		seed = rand.Uint64()
 	}
-	s := &Sampler{p: p, rng: newRNG(seed)}
-	if p.Constraint != nil {
-		s.con = p.Constraint()
-	}
-	return s, nil
+	return &Sampler{p: p, rng: newRNG(seed), con: con}, nil
 }
 
 // Err is the constraint's failure (no token allowed, or a token it

@@ -140,7 +140,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	reqs := []*engine.Request{er}
-	events, err := s.submitAll(ctx, cancel, reqs)
+	events, err := s.submitAll(engine.WithShowTokens(ctx, s.markerTokens(format)...), cancel, reqs)
 	if err != nil {
 		writeAPIError(w, submitError(err))
 		return
@@ -176,7 +176,7 @@ func (s *Server) prepareChat(ctx context.Context, req *chatRequest) (*engine.Req
 		base.TopLogprobs = *req.TopLogprobs
 	}
 	base.Logprobs = req.Logprobs
-	if base.Sampling.Constraint, ae = s.constraint(ctx, req.ResponseFormat); ae != nil {
+	if base.Constraint, ae = s.constraint(ctx, req.ResponseFormat); ae != nil {
 		return nil, toolNone, ae
 	}
 	if req.ContinueFinalMessage {
@@ -211,14 +211,13 @@ func (s *Server) prepareChat(ctx context.Context, req *chatRequest) (*engine.Req
 		if ts, ok := s.b.(ChatTemplateSourcer); ok {
 			format = detectToolFormat(ts.ChatTemplateSource())
 		}
-		er.ShowTokens = s.markerTokens(format)
 	}
 	if forced != nil {
 		// The reply must be a call: constrained decoding writes it.
-		if er.Sampling.Constraint != nil {
+		if er.Constraint != nil {
 			return nil, toolNone, badRequest("tool_choice", "tool_choice that forces a call cannot be combined with response_format")
 		}
-		if er.Sampling.Constraint, ae = s.toolConstraint(ctx, format, forced); ae != nil {
+		if er.Constraint, ae = s.toolConstraint(ctx, format, forced); ae != nil {
 			return nil, toolNone, ae
 		}
 	}

@@ -127,7 +127,7 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, ae)
 		return
 	}
-	if base.Sampling.Constraint, ae = s.constraint(r.Context(), req.ResponseFormat); ae != nil {
+	if base.Constraint, ae = s.constraint(r.Context(), req.ResponseFormat); ae != nil {
 		writeAPIError(w, ae)
 		return
 	}

@@ -42,6 +42,16 @@ func (b *EngineBackend) GrammarVocab() *grammar.Vocab {
 	return b.gv
 }
 
+// Grammars is the engine's constraint cache, when the engine has one
+// (engine.Engine.Grammars): the server checks schemas in it, so the
+// engine finds them compiled at Submit.
+func (b *EngineBackend) Grammars() *grammar.Cache {
+	if g, ok := b.eng.(GrammarCacher); ok {
+		return g.Grammars()
+	}
+	return nil
+}
+
 // NewEngineBackend builds the Backend. chatTemplate overrides the
 // template in the tokenizer's vocabulary; with neither, chat uses ChatML
 // (ResolveChatTemplate).

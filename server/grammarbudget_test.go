@@ -13,7 +13,9 @@ import (
 	"time"
 
 	"pagoda/embedded"
+	"pagoda/engine"
 	"pagoda/grammar"
+	"pagoda/tokenizer"
 )
 
 func enumSchema(n int) string {
@@ -70,7 +72,8 @@ func TestHostileSchemaRequests(t *testing.T) {
 }
 
 // TestConstraintCache: compiled schemas and refusals are cached by hash in
-// a bounded LRU; a compilation stopped by its context is not cached.
+// a bounded LRU, the engine's own, so the engine finds what the server
+// checked; a compilation stopped by its context is not cached.
 func TestConstraintCache(t *testing.T) {
 	path, err := embedded.Path(t.TempDir())
 	if err != nil {
@@ -82,30 +85,38 @@ func TestConstraintCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	s := New(be, Options{})
+	// The server checks constraints in the engine's cache.
+	cache := eng.Grammars()
 	rf := func(schema string) *responseFormat {
 		return &responseFormat{Type: "json_schema", JSONSchema: &jsonSchemaSpec{Schema: json.RawMessage(schema)}}
 	}
 	ctx := context.Background()
-	calls := 0
-	compile := func(ctx context.Context) (*grammar.Grammar, error) {
-		calls++
-		return grammar.Compile(ctx, []byte(`{"type":"integer"}`), "", "", grammar.Limits{})
-	}
 	for range 3 {
-		if _, err := s.cachedConstraint(ctx, "k", compile); err != nil {
-			t.Fatal(err)
+		if _, ae := s.constraint(ctx, rf(`{"type":"integer"}`)); ae != nil {
+			t.Fatal(ae)
 		}
 	}
-	if calls != 1 {
-		t.Errorf("compiled %d times, want once", calls)
+	if n := cache.Compiled(); n != 1 {
+		t.Errorf("compiled %d times in the engine's cache, want once", n)
+	}
+	// The engine compiles nothing more for a request the server checked.
+	spec, _ := s.constraint(ctx, rf(`{"type":"integer"}`))
+	ch, err := eng.Submit(ctx, &engine.Request{Prompt: m.Tokenizer().Encode("Once", tokenizer.Options{AddSpecial: true}), MaxTokens: 4, Constraint: spec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range ch {
+	}
+	if n := cache.Compiled(); n != 1 {
+		t.Errorf("the engine compiled again: %d compilations", n)
 	}
 	// Refusals are kept: the second costs a lookup.
 	if _, ae := s.constraint(ctx, rf(enumSchema(70000))); ae == nil {
 		t.Fatal("accepted")
 	}
-	n := s.cons.order.Len()
-	if _, ae := s.constraint(ctx, rf(enumSchema(70000))); ae == nil || s.cons.order.Len() != n {
-		t.Fatalf("second refusal: %v, entries %d -> %d", ae, n, s.cons.order.Len())
+	n, c := cache.Len(), cache.Compiled()
+	if _, ae := s.constraint(ctx, rf(enumSchema(70000))); ae == nil || cache.Len() != n || cache.Compiled() != c {
+		t.Fatalf("second refusal: %v, entries %d -> %d", ae, n, cache.Len())
 	}
 	// A client that left: refused, not cached.
 	cctx, cancel := context.WithCancel(ctx)
@@ -113,16 +124,16 @@ func TestConstraintCache(t *testing.T) {
 	if _, ae := s.constraint(cctx, rf(`{"type":"object","properties":{"a":{"type":"string"}}}`)); ae == nil || !strings.Contains(ae.Message, "stopped") {
 		t.Fatalf("cancelled: %v", ae)
 	}
-	if s.cons.order.Len() != n {
+	if cache.Len() != n {
 		t.Errorf("a cancelled compilation was cached")
 	}
 	// Bounded, least recently used out.
-	for i := range maxConstraints + 5 {
+	for i := range grammar.MaxCached + 5 {
 		if _, ae := s.constraint(ctx, rf(fmt.Sprintf(`{"type":"integer","minimum":%d}`, i))); ae != nil {
 			t.Fatal(ae)
 		}
 	}
-	if s.cons.order.Len() != maxConstraints || len(s.cons.m) != maxConstraints {
-		t.Errorf("cache holds %d (%d), want %d", s.cons.order.Len(), len(s.cons.m), maxConstraints)
+	if cache.Len() != grammar.MaxCached {
+		t.Errorf("cache holds %d, want %d", cache.Len(), grammar.MaxCached)
 	}
 }

@@ -16,34 +16,35 @@ import (
 // ("quest:budget=1024") or as an object whose "name" is the policy and
 // whose other keys are its settings ({"name": "quest", "budget": 1024});
 // "none" (or {"name": "none"}) is full attention even where the server
-// has a default policy. Absent or null leaves the server's.
-func parseKVPolicy(raw json.RawMessage) (kvcache.Policy, *apiError) {
+// has a default policy. Absent or null leaves the server's (""). The
+// result is the policy's spec string, checked here so that a bad one is a
+// 400 naming the field; the engine parses it again on its side.
+func parseKVPolicy(raw json.RawMessage) (string, *apiError) {
 	raw = bytes.TrimSpace(raw)
 	if len(raw) == 0 || string(raw) == "null" {
-		return nil, nil
+		return "", nil
 	}
 	var spec string
 	switch raw[0] {
 	case '"':
 		if err := json.Unmarshal(raw, &spec); err != nil {
-			return nil, badRequest("kv_policy", "kv_policy: %v", err)
+			return "", badRequest("kv_policy", "kv_policy: %v", err)
 		}
 		if strings.TrimSpace(spec) == "" {
-			return nil, badRequest("kv_policy", `kv_policy is empty (use "none" for full attention)`)
+			return "", badRequest("kv_policy", `kv_policy is empty (use "none" for full attention)`)
 		}
 	case '{':
 		var err *apiError
 		if spec, err = kvPolicyObject(raw); err != nil {
-			return nil, err
+			return "", err
 		}
 	default:
-		return nil, badRequest("kv_policy", `kv_policy must be a string such as "quest:budget=1024" or an object such as {"name": "quest", "budget": 1024}, got %s`, jsonKindOf(raw))
+		return "", badRequest("kv_policy", `kv_policy must be a string such as "quest:budget=1024" or an object such as {"name": "quest", "budget": 1024}, got %s`, jsonKindOf(raw))
 	}
-	p, err := kvcache.ParsePolicy(spec)
-	if err != nil {
-		return nil, badRequest("kv_policy", "kv_policy: %s", strings.TrimPrefix(err.Error(), "kvcache: "))
+	if _, err := kvcache.ParsePolicy(spec); err != nil {
+		return "", badRequest("kv_policy", "kv_policy: %s", strings.TrimPrefix(err.Error(), "kvcache: "))
 	}
-	return p, nil
+	return spec, nil
 }
 
 // kvPolicyObject turns the object form into the string form, refusing

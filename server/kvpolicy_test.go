@@ -40,7 +40,11 @@ func TestKVPolicyField(t *testing.T) {
 				t.Fatalf("%s kv_policy %s: %d %s", ep.path, c.field, code, b)
 			}
 			got := ""
-			if p := f.lastReq(t).KVPolicy; p != nil {
+			if spec := f.lastReq(t).KVPolicy; spec != "" {
+				p, err := kvcache.ParsePolicy(spec)
+				if err != nil {
+					t.Fatalf("%s kv_policy %s: the engine gets %q, which does not parse: %v", ep.path, c.field, spec, err)
+				}
 				got = kvcache.PolicyName(p)
 			}
 			if got != c.want {
@@ -197,15 +201,19 @@ func FuzzKVPolicyField(f *testing.F) {
 		if !json.Valid(raw) {
 			return
 		}
-		p, ae := parseKVPolicy(raw)
+		spec, ae := parseKVPolicy(raw)
 		if ae != nil {
 			if ae.Param != "kv_policy" || ae.Status != 400 {
 				t.Fatalf("%s: %+v", raw, ae)
 			}
 			return
 		}
-		if p == nil {
+		if spec == "" {
 			return
+		}
+		p, err := kvcache.ParsePolicy(spec)
+		if err != nil {
+			t.Fatalf("%s: accepted %q, which does not parse: %v", raw, spec, err)
 		}
 		if ck, ok := p.(interface{ Check() error }); ok {
 			if err := ck.Check(); err != nil {

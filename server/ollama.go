@@ -277,7 +277,7 @@ func (s ollamaAPI) handleOllamaGenerate(w http.ResponseWriter, r *http.Request) 
 		}
 		rf, ae := ollamaFormat(req.Format)
 		if ae == nil {
-			er.Sampling.Constraint, ae = s.constraint(r.Context(), rf)
+			er.Constraint, ae = s.constraint(r.Context(), rf)
 		}
 		if ae != nil {
 			ollamaError(w, ae)

@@ -122,7 +122,8 @@ type Server struct {
 	loopback atomic.Bool // listening on loopback only: check Host headers
 	abort    chan struct{}
 	abortMu  sync.Once
-	cons     constraints // compiled response formats
+	consOnce sync.Once
+	cons     *grammar.Cache // compiled constraints, when the backend shares none
 
 	httpReqs *prometheus.CounterVec
 	httpDur  *prometheus.HistogramVec

@@ -10,7 +10,6 @@ import (
 
 	"pagoda/engine"
 	"pagoda/grammar"
-	"pagoda/sample"
 )
 
 // finishToolCalls is OpenAI's finish reason for a reply that is tool calls;
@@ -60,9 +59,9 @@ func detectToolFormat(tmpl string) toolFormat {
 }
 
 // markerTokens are the ids of f's markers that the vocabulary holds as
-// single (special) tokens: the engine must render them as text, which
-// detokenization does not do for control tokens, or the parser would
-// never see a call.
+// single (special) tokens: the output processor must render them as text
+// (engine.WithShowTokens), which detokenization does not do for control
+// tokens, or the parser would never see a call.
 func (s *Server) markerTokens(f toolFormat) []int32 {
 	var markers []string
 	switch f {
@@ -235,7 +234,7 @@ func forcedTools(choice json.RawMessage, tools []json.RawMessage) (forced []tool
 // toolConstraint makes the reply one call of one of tools, in the syntax
 // of format f: Hermes <tool_call>{"name":…,"arguments":…}</tool_call> or
 // Llama's bare {"name":…,"parameters":…}.
-func (s *Server) toolConstraint(ctx context.Context, f toolFormat, tools []toolDef) (func() sample.Constraint, *apiError) {
+func (s *Server) toolConstraint(ctx context.Context, f toolFormat, tools []toolDef) (*grammar.Spec, *apiError) {
 	var prefix, suffix, args string
 	switch f {
 	case toolHermes:
@@ -259,16 +258,14 @@ func (s *Server) toolConstraint(ctx context.Context, f toolFormat, tools []toolD
 	if len(branches) > 1 {
 		schema = `{"anyOf":[` + strings.Join(branches, ",") + `]}`
 	}
-	fn, err := s.cachedConstraint(ctx, fmt.Sprintf("tools:%d:%s", f, schema), func(ctx context.Context) (*grammar.Grammar, error) {
-		return grammar.Compile(ctx, []byte(schema), prefix, suffix, s.o.GrammarLimits)
-	})
-	if err != nil {
+	spec := &grammar.Spec{Kind: grammar.KindJSONSchema, Schema: schema, Prefix: prefix, Suffix: suffix}
+	if err := s.checkConstraint(ctx, spec); err != nil {
 		if errors.Is(err, errNoGrammar) {
 			return nil, badRequest("tool_choice", "forcing a tool call is not supported by this backend")
 		}
 		return nil, badRequest("tools", "tool parameters: %v", err)
 	}
-	return fn, nil
+	return spec, nil
 }
 
 // toolCall is one parsed call; Arguments is JSON text, as OpenAI sends it.

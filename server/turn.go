@@ -61,7 +61,7 @@ func (s *Server) stopSequence(r *turnResult, stops []string) string {
 func (s *Server) runTurn(ctx context.Context, cancel context.CancelFunc, er *engine.Request, format toolFormat, onText func(string)) (*turnResult, *apiError) {
 	start := time.Now()
 	reqs := []*engine.Request{er}
-	events, err := s.submitAll(ctx, cancel, reqs)
+	events, err := s.submitAll(engine.WithShowTokens(ctx, s.markerTokens(format)...), cancel, reqs)
 	if err != nil {
 		return nil, submitError(err)
 	}

@@ -294,7 +294,7 @@ func runServe(args []string) error {
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), KVEvents: kvLog,
+		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), KVEvents: kvLog, GrammarLimits: gLim,
 	}
 	blockBytes := engine.KVBlockBytes(ecfg)
 	formats := fmt.Sprintf("K %v V %v", kfK, kfV)
