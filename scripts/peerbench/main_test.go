@@ -70,7 +70,7 @@ func TestLoadLevels(t *testing.T) {
 	// Each fake reports tg64 = 40 quiet, 10 per competing shell loop fewer.
 	script := func(name, json string) string {
 		p := filepath.Join(dir, name)
-		s := "#!/bin/sh\nn=$(pgrep -f 'while :; do :; done' | wc -l)\necho \"" + name + " $n\" >> " + log + "\n" +
+		s := "#!/bin/sh\nn=$(pgrep -P $PPID -f 'while :; do :; done' | wc -l)\necho \"" + name + " $n\" >> " + log + "\n" +
 			"v=$((40 - 10*n))\nprintf '" + json + "' $v $v\n"
 		if err := os.WriteFile(p, []byte(s), 0o755); err != nil {
 			t.Fatal(err)
