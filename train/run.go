@@ -249,10 +249,8 @@ func (r *Run) Save(path string) error {
 	return os.Rename(tmp.Name(), path)
 }
 
-// Resume loads a state written by Save and continues it on the same data.
-// Options other than the ones that shape the data may be changed (a
-// longer run: more steps or time); the batch and sequence length stay.
-func Resume(path string, train, held []int32, threads int, change func(*Options)) (*Run, error) {
+// LoadState reads a state written by Save.
+func LoadState(path string) (*State, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return nil, err
@@ -265,6 +263,22 @@ func Resume(path string, train, held []int32, threads int, change func(*Options)
 	if st.Version != stateVersion {
 		return nil, fmt.Errorf("train: %s: state version %d, want %d", path, st.Version, stateVersion)
 	}
+	return &st, nil
+}
+
+// Resume loads a state written by Save and continues it on the same data.
+func Resume(path string, train, held []int32, threads int, change func(*Options)) (*Run, error) {
+	st, err := LoadState(path)
+	if err != nil {
+		return nil, err
+	}
+	return ResumeState(st, train, held, threads, change)
+}
+
+// ResumeState continues a loaded state. change may alter the options that
+// do not shape the data (a longer run: more steps or time); the batch and
+// sequence length stay.
+func ResumeState(st *State, train, held []int32, threads int, change func(*Options)) (*Run, error) {
 	if change != nil {
 		o := st.Options
 		change(&o)
@@ -282,8 +296,11 @@ func Resume(path string, train, held []int32, threads int, change func(*Options)
 	}
 	if len(st.Params) != len(m.Params) || len(st.M) != len(m.Params) || len(st.V) != len(m.Params) {
 		m.Close()
-		return nil, fmt.Errorf("train: %s: %d parameters and %d/%d moments for a model of %d", path, len(st.Params), len(st.M), len(st.V), len(m.Params))
+		return nil, fmt.Errorf("train: state has %d parameters and %d/%d moments for a model of %d", len(st.Params), len(st.M), len(st.V), len(m.Params))
 	}
 	copy(m.Params, st.Params)
-	return newRun(st, m, train, held)
+	return newRun(*st, m, train, held)
 }
+
+// HeldOutData is the run's held-out tokens.
+func (r *Run) HeldOutData() []int32 { return r.held }
