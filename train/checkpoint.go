@@ -13,10 +13,19 @@ import (
 // when q8 is set, as llama-quantize would store them), the vocabulary's
 // tokenizer metadata, and name as general.name.
 func (m *Model) WriteGGUF(path, name string, v *Vocab, q8 bool) error {
-	c := m.Config
-	if v != nil && len(v.Tokens) != c.Vocab {
-		return fmt.Errorf("train: vocabulary has %d tokens, model %d", len(v.Tokens), c.Vocab)
+	if v == nil {
+		return m.WriteGGUFMeta(path, name, nil, q8)
 	}
+	if len(v.Tokens) != m.Config.Vocab {
+		return fmt.Errorf("train: vocabulary has %d tokens, model %d", len(v.Tokens), m.Config.Vocab)
+	}
+	return m.WriteGGUFMeta(path, name, v.Meta(), q8)
+}
+
+// WriteGGUFMeta is WriteGGUF with the tokenizer metadata given as entries
+// (a distilled draft copies its target's verbatim).
+func (m *Model) WriteGGUFMeta(path, name string, meta []Meta, q8 bool) error {
+	c := m.Config
 	w := gguf.NewWriter()
 	var err error
 	set := func(k string, val any) {
@@ -46,10 +55,8 @@ func (m *Model) WriteGGUF(path, name string, v *Vocab, q8 bool) error {
 	set("llama.rope.dimension_count", uint32(c.HeadDim))
 	set("llama.rope.freq_base", float32(c.RopeTheta))
 	set("llama.attention.layer_norm_rms_epsilon", c.RMSEps)
-	if v != nil {
-		for _, kv := range v.Meta() {
-			set(kv.Key, kv.Value)
-		}
+	for _, kv := range meta {
+		set(kv.Key, kv.Value)
 	}
 	if err != nil {
 		return fmt.Errorf("train: %w", err)
