@@ -27,6 +27,9 @@ type Bar struct {
 	Delay time.Duration
 	// Now is the clock; tests replace it.
 	Now func() time.Time
+	// Suffix, when set, is appended to the terminal line: the state of
+	// the work beyond its amount (a training run's loss).
+	Suffix func() string
 
 	w    io.Writer
 	tty  bool
@@ -128,6 +131,13 @@ func (b *Bar) rate(el time.Duration) float64 {
 
 // line is the terminal line for time t.
 func (b *Bar) line(t time.Time) string {
+	if b.Suffix != nil {
+		return b.amountLine(t) + "  " + b.Suffix()
+	}
+	return b.amountLine(t)
+}
+
+func (b *Bar) amountLine(t time.Time) string {
 	rate := b.rate(t.Sub(b.start))
 	if b.total <= 0 {
 		return fmt.Sprintf("%s  %s  %s/s", b.name, b.Amount(b.done), b.Amount(int64(rate)))

@@ -3,6 +3,7 @@ package progress
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 )
@@ -54,6 +55,26 @@ func TestTerminal(t *testing.T) {
 		"\r\x1b[Kcustom summary\n"
 	if buf.String() != want {
 		t.Errorf("terminal progress:\n%q\nwant:\n%q", buf.String(), want)
+	}
+}
+
+// A Suffix follows the amounts on the terminal line.
+func TestSuffix(t *testing.T) {
+	c := &fakeClock{time.Unix(0, 0)}
+	var buf bytes.Buffer
+	b := newBar(&buf, true, c)
+	loss := 4.5
+	b.Suffix = func() string { return fmt.Sprintf("loss %.2f", loss) }
+	b.Start(0, 100)
+	c.add(time.Second)
+	b.Update(10)
+	loss = 3.25
+	c.add(time.Second)
+	b.Update(20)
+	want := "\r\x1b[Km.gguf  10 / 100   10%  10/s  ETA 9s  loss 4.50" +
+		"\r\x1b[Km.gguf  20 / 100   20%  10/s  ETA 8s  loss 3.25"
+	if buf.String() != want {
+		t.Errorf("terminal progress with suffix:\n%q\nwant:\n%q", buf.String(), want)
 	}
 }
 
