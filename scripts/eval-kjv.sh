@@ -7,7 +7,7 @@
 # held-out chapters (default /work/train-run/kjv/heldout.txt, made by
 # scripts/kjv-data.sh), PAGODA a pagoda binary (default: built here).
 # The text is real held-out text (chapters never trained on), not the
-# model's samples. A few minutes on two cores.
+# model's samples. About 16 minutes on two shared cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/eval/kjv}
