@@ -52,7 +52,7 @@ func startLoad(n int) (func(), error) {
 	}
 	for i := 0; i < n; i++ {
 		c := exec.Command("sh", "-c", "while :; do :; done")
-		c.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+		c.SysProcAttr = spinnerAttr()
 		if err := c.Start(); err != nil {
 			stop()
 			return nil, fmt.Errorf("starting a competing process: %w", err)
