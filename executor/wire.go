@@ -103,6 +103,11 @@ func DecodeStep(p []byte, in *StepInput) error {
 		in.Logits = nil
 		p = p[1:]
 	case p[0] == 1 && len(p) >= 2+T:
+		// Non-nil even with no rows: "marks present" and "no marks"
+		// are different steps, and re-encoding must tell them apart.
+		if in.Logits == nil {
+			in.Logits = make([]bool, 0, T)
+		}
 		in.Logits = in.Logits[:0]
 		for _, b := range p[1 : 1+T] {
 			if b > 1 {
