@@ -1,7 +1,6 @@
 package cluster
 
 import (
-	"bufio"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -62,55 +61,19 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	timeout := o.Timeout
-	if timeout == 0 {
-		timeout = 10 * time.Minute
-	}
-	var sid [8]byte
-	rand.Read(sid[:])
-	session := hex.EncodeToString(sid[:])
-	g := &Group{conns: make([]net.Conn, n), remotes: make([]*executor.Remote, n), outs: make([]executor.StepOutput, n), errs: make([]error, n)}
-	for r, a := range addrs {
-		c, err := net.DialTimeout("tcp", a, 30*time.Second)
-		if err != nil {
-			g.Close()
-			return nil, fmt.Errorf("tensor parallel: worker %d at %s: %w", r, a, err)
-		}
-		g.conns[r] = c
+	session := newSession()
+	hellos := make([]hello, n)
+	for r := range hellos {
+		hellos[r] = hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0}
 	}
 	// Every rank must get its hello before any can finish joining the
-	// mesh, so send all first, then read the replies.
-	for r, c := range g.conns {
-		h := hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
-			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0}
-		if err := writeMsg(bufio.NewWriter(c), h); err != nil {
-			g.Close()
-			return nil, fmt.Errorf("tensor parallel: worker %d at %s: %w", r, addrs[r], err)
-		}
+	// mesh: dialAll sends all first, then reads the replies.
+	conns, err := dialAll(addrs, hellos, o.Timeout, "tensor parallel: worker")
+	if err != nil {
+		return nil, err
 	}
-	errs := make([]error, n)
-	var wg sync.WaitGroup
-	for r, c := range g.conns {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c.SetReadDeadline(time.Now().Add(timeout))
-			var rep reply
-			if err := readMsg(c, &rep); err != nil {
-				errs[r] = err
-			} else if rep.Error != "" {
-				errs[r] = errors.New(rep.Error)
-			}
-			c.SetReadDeadline(time.Time{})
-		}()
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			g.Close()
-			return nil, fmt.Errorf("tensor parallel: worker %d at %s: %w", r, addrs[r], err)
-		}
-	}
+	g := &Group{conns: conns, remotes: make([]*executor.Remote, n), outs: make([]executor.StepOutput, n), errs: make([]error, n)}
 	for r, c := range g.conns {
 		g.remotes[r] = executor.NewRemote(c, c)
 	}
@@ -169,6 +132,13 @@ func (g *Group) Close() error {
 		}
 	}
 	return nil
+}
+
+// newSession names a new group's lifetime (see hello.Session).
+func newSession() string {
+	var sid [8]byte
+	rand.Read(sid[:])
+	return hex.EncodeToString(sid[:])
 }
 
 // OpenShape opens the coordinator's view of the model: rank 0's shard of

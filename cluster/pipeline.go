@@ -2,8 +2,6 @@ package cluster
 
 import (
 	"bufio"
-	"crypto/rand"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -117,9 +115,7 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	var sid [8]byte
-	rand.Read(sid[:])
-	session := hex.EncodeToString(sid[:])
+	session := newSession()
 	hellos := make([]hello, len(addrs))
 	for s, st := range stages {
 		hellos[s] = hello{Kind: "stage", Session: session, Rank: s, Ranks: len(addrs), Peers: addrs, Threads: o.Threads,

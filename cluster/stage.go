@@ -35,6 +35,8 @@ type stageRank struct {
 	rowTime    time.Duration // Worker.stageRowTime
 }
 
+func (s *stageRank) shape() *shape { return shapeOf(&s.m.Config) }
+
 func (s *stageRank) close() {
 	for _, c := range []net.Conn{s.prev, s.next} {
 		if c != nil {
@@ -101,30 +103,6 @@ func (s *stageRank) send(hidden []float32, err error) error {
 		return fmt.Errorf("to the next stage: %w", werr)
 	}
 	return nil
-}
-
-// stageSession runs one coordinator's pipeline on this worker.
-func (w *Worker) stageSession(c net.Conn, h *hello) {
-	defer c.Close()
-	bw := bufio.NewWriter(c)
-	if !w.acquire(5 * time.Second) {
-		writeMsg(bw, reply{Error: "this worker already serves a group"})
-		return
-	}
-	defer w.release()
-	st, err := w.joinStage(h)
-	if err != nil {
-		w.Log.Error("joining the pipeline failed", "stage", h.Rank, "err", err)
-		writeMsg(bw, reply{Error: err.Error()})
-		return
-	}
-	defer st.close()
-	if err := writeMsg(bw, reply{Model: shapeOf(&st.m.Config)}); err != nil {
-		return
-	}
-	w.Log.Info("serving", "stage", h.Rank, "stages", h.Ranks, "layers", st.m.Stage(), "kv_blocks", h.KV.NumBlocks)
-	err = executor.Serve(c, c, st)
-	w.Log.Info("pipeline ended", "stage", h.Rank, "err", err)
 }
 
 // joinStage checks the hello, connects to the neighbouring stages and

@@ -86,9 +86,9 @@ func (w *Worker) handle(c net.Conn) {
 		w.Log.Warn("dropping a mesh connection of no session here", "from", c.RemoteAddr(), "session", h.Session, "rank", h.Rank)
 		c.Close()
 	case "coordinator":
-		w.session(c, &h)
+		w.session(c, &h, "rank", func(h *hello) (member, error) { return w.join(h) })
 	case "stage":
-		w.stageSession(c, &h)
+		w.session(c, &h, "stage", func(h *hello) (member, error) { return w.joinStage(h) })
 	default:
 		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "kind", h.Kind)
 		c.Close()
@@ -129,8 +129,17 @@ func (w *Worker) joinTimeout() time.Duration {
 	return time.Minute
 }
 
-// session runs one coordinator's group on this worker.
-func (w *Worker) session(c net.Conn, h *hello) {
+// member is what a session serves: a rank's shard (tensor parallel) or
+// a stage's layers (pipeline parallel).
+type member interface {
+	executor.Executor
+	shape() *shape
+	close()
+}
+
+// session runs one coordinator's group on this worker: what names the
+// member in the log ("rank" or "stage"), join makes it from the hello.
+func (w *Worker) session(c net.Conn, h *hello, what string, join func(*hello) (member, error)) {
 	defer c.Close()
 	bw := bufio.NewWriter(c)
 	// A coordinator that reconnects right after hanging up finds the old
@@ -140,19 +149,19 @@ func (w *Worker) session(c net.Conn, h *hello) {
 		return
 	}
 	defer w.release()
-	rk, err := w.join(h)
+	mb, err := join(h)
 	if err != nil {
-		w.Log.Error("joining the group failed", "rank", h.Rank, "err", err)
+		w.Log.Error("joining the group failed", what, h.Rank, "err", err)
 		writeMsg(bw, reply{Error: err.Error()})
 		return
 	}
-	defer rk.close()
-	if err := writeMsg(bw, reply{Model: shapeOf(&rk.m.Config)}); err != nil {
+	defer mb.close()
+	if err := writeMsg(bw, reply{Model: mb.shape()}); err != nil {
 		return
 	}
-	w.Log.Info("serving", "rank", h.Rank, "ranks", h.Ranks, "kv_blocks", h.KV.NumBlocks)
-	err = executor.Serve(c, c, rk)
-	w.Log.Info("group ended", "rank", h.Rank, "err", err)
+	w.Log.Info("serving", what, h.Rank, "of", h.Ranks, "kv_blocks", h.KV.NumBlocks)
+	err = executor.Serve(c, c, mb)
+	w.Log.Info("group ended", what, h.Rank, "err", err)
 }
 
 func (w *Worker) acquire(wait time.Duration) bool {
@@ -180,6 +189,8 @@ type rank struct {
 	local  *executor.Local
 	logits bool
 }
+
+func (r *rank) shape() *shape { return shapeOf(&r.m.Config) }
 
 func (r *rank) close() {
 	r.mesh.Close()
