@@ -67,6 +67,38 @@ func tpEngine(t *testing.T, path string, addrs []string, blocks int) (*engine.En
 	return eng, g
 }
 
+// againstWhole generates greedily from the single-process engine of path
+// (one prompt at a time) and from eng (the prompts concurrently, so they
+// batch), and returns the prompts with both results.
+func againstWhole(t *testing.T, path string, eng *engine.Engine) (prompts []string, want, got []generated) {
+	t.Helper()
+	whole, err := model.Open(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	wcfg := engine.ModelConfig(whole, "whole")
+	wcfg.KVBlocks = 64
+	ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Start()
+	defer ref.Stop(context.Background())
+	tok := whole.Tokenizer()
+	prompts = []string{"Once upon a time", "The little dog ran to the park and", "Lily"}
+	want = make([]generated, len(prompts))
+	got = make([]generated, len(prompts))
+	var wg sync.WaitGroup
+	for i, p := range prompts {
+		ids := tok.Encode(p, tokenizer.Options{AddSpecial: true})
+		want[i] = generate(t, ref, ids, 24)
+		wg.Go(func() { got[i] = generate(t, eng, ids, 24) })
+	}
+	wg.Wait()
+	return prompts, want, got
+}
+
 type generated struct {
 	tokens []int32
 	top    [][]engine.TokenLogprob
@@ -108,36 +140,8 @@ func TestTensorParallelEngine(t *testing.T) {
 	for _, file := range []string{"g-llama-gqa.F32.gguf", "g-llama-gqa.Q8_0.gguf", "g-qwen3.F32.gguf", "g-llama-mqa.F16.gguf"} {
 		t.Run(file, func(t *testing.T) {
 			path := filepath.Join(dir, file)
-			whole, err := model.Open(path, model.Options{Threads: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer whole.Close()
-			wcfg := engine.ModelConfig(whole, "whole")
-			wcfg.KVBlocks = 64
-			ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ref.Start()
-			defer ref.Stop(context.Background())
 			tp, _ := tpEngine(t, path, startWorkers(t, path, 2), 64)
-
-			tok := whole.Tokenizer()
-			prompts := []string{"Once upon a time", "The little dog ran to the park and", "Lily"}
-			want := make([]generated, len(prompts))
-			got := make([]generated, len(prompts))
-			var wg sync.WaitGroup
-			for i, p := range prompts {
-				ids := tok.Encode(p, tokenizer.Options{AddSpecial: true})
-				want[i] = generate(t, ref, ids, 24)
-				wg.Add(1)
-				go func() { // concurrently: one batch of several sequences
-					defer wg.Done()
-					got[i] = generate(t, tp, ids, 24)
-				}()
-			}
-			wg.Wait()
+			prompts, want, got := againstWhole(t, path, tp)
 			for i := range prompts {
 				compareGreedy(t, prompts[i], want[i], got[i])
 			}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,7 +18,6 @@ import (
 	"pagoda/quant"
 	"pagoda/synth"
 	"pagoda/testutil"
-	"pagoda/tokenizer"
 )
 
 // ppEngine is an engine whose steps run through a pipeline of the
@@ -76,32 +74,8 @@ func TestPipelineEngine(t *testing.T) {
 	} {
 		t.Run(fmt.Sprintf("%s/%dstages/%dmicro", c.file, c.stages, c.micro), func(t *testing.T) {
 			path := filepath.Join(dir, c.file)
-			whole, err := model.Open(path, model.Options{Threads: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer whole.Close()
-			wcfg := engine.ModelConfig(whole, "whole")
-			wcfg.KVBlocks = 64
-			ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ref.Start()
-			defer ref.Stop(context.Background())
 			pp, pl := ppEngine(t, path, startWorkers(t, path, c.stages), c.micro, 64)
-
-			tok := whole.Tokenizer()
-			prompts := []string{"Once upon a time", "The little dog ran to the park and", "Lily"}
-			want := make([]generated, len(prompts))
-			got := make([]generated, len(prompts))
-			var wg sync.WaitGroup
-			for i, p := range prompts {
-				ids := tok.Encode(p, tokenizer.Options{AddSpecial: true})
-				want[i] = generate(t, ref, ids, 24)
-				wg.Go(func() { got[i] = generate(t, pp, ids, 24) })
-			}
-			wg.Wait()
+			prompts, want, got := againstWhole(t, path, pp)
 			for i := range prompts {
 				if fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
 					t.Fatalf("%q: tokens %v, want %v", prompts[i], got[i].tokens, want[i].tokens)
