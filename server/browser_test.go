@@ -18,18 +18,6 @@ import (
 	"pagoda/testutil"
 )
 
-// findBrowser returns a Chromium binary on PATH, or skips.
-func findBrowser(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Skip("no headless browser: none of chromium, chromium-browser, google-chrome on PATH (apt-get install chromium); skipping")
-	return ""
-}
-
 // startRealServer serves stories260K through Serve (so the loopback Host
 // check applies, as under pagoda serve) with a small KV pool, so that the
 // block picture has something to show.
@@ -122,7 +110,7 @@ func TestBrowserChat(t *testing.T) {
 	if testing.Short() {
 		t.Skip("browser test skipped in -short mode")
 	}
-	bin := findBrowser(t)
+	bin := testutil.Browser(t)
 	base := startRealServer(t)
 	stop := make(chan struct{})
 	wg := load(t, base, stop)

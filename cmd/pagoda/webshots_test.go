@@ -14,19 +14,9 @@ import (
 	"sync"
 	"testing"
 	"time"
-)
 
-// chromium finds a Chromium binary on PATH, or skips.
-func chromium(t *testing.T) string {
-	t.Helper()
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	t.Skip("no headless browser: none of chromium, chromium-browser, google-chrome on PATH (apt-get install chromium); skipping")
-	return ""
-}
+	"pagoda/testutil"
+)
 
 // browse runs headless Chromium on a fresh profile with everything that
 // would reach past the test server turned off, and returns its stdout.
@@ -61,7 +51,7 @@ func TestWebScreenshots(t *testing.T) {
 	if testing.Short() {
 		t.Skip("browser test skipped in -short mode")
 	}
-	bin := chromium(t)
+	bin := testutil.Browser(t)
 	base := startServe(t)
 	dir := os.Getenv("PAGODA_WEB_SHOTS")
 	if dir == "" {
