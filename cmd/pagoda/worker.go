@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"flag"
 	"fmt"
 	"io"
@@ -135,7 +136,7 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 // M local ones.
 func (f *tpFlags) startPipeline(path string, addrs []string, threads int, log io.Writer) (*tp, error) {
 	m := *f.stages
-	micro := cmpOr(*f.micro, m)
+	micro := cmp.Or(*f.micro, m)
 	if len(addrs) > 0 {
 		if len(addrs) != m {
 			return nil, fmt.Errorf("--pipeline-parallel %d but %d --workers", m, len(addrs))
@@ -155,16 +156,9 @@ func spawn(path string, n, threads int, log io.Writer) (*cluster.Spawned, int, e
 	if err != nil {
 		return nil, 0, err
 	}
-	per := max(1, (cmpOr(threads, runtime.NumCPU()))/n)
+	per := max(1, cmp.Or(threads, runtime.NumCPU())/n)
 	s, err := cluster.Spawn(bin, path, n, per, log)
 	return s, per, err
-}
-
-func cmpOr(a, b int) int {
-	if a != 0 {
-		return a
-	}
-	return b
 }
 
 // openModel opens the model in this process, or, for a group, the
