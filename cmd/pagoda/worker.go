@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"strings"
 
 	"pagoda/cluster"
 	"pagoda/engine"
@@ -96,12 +95,7 @@ type tp struct {
 
 // start resolves the flags: nil when serving in this process.
 func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
-	var addrs []string
-	for _, a := range strings.Split(*f.workers, ",") {
-		if a = strings.TrimSpace(a); a != "" {
-			addrs = append(addrs, a)
-		}
-	}
+	addrs := splitList(*f.workers)
 	n, m := *f.ranks, *f.stages
 	switch {
 	case n > 1 && m > 1:
