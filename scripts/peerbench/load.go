@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -65,7 +66,7 @@ func startLoad(n int) (func(), error) {
 // reportLoad prints, for each test measured quiet and under load, each
 // engine's median under load as a share of its own quiet median.
 func reportLoad(w io.Writer, es []*engine, loads []int) {
-	if len(loads) < 2 || !contains(loads, 0) {
+	if len(loads) < 2 || !slices.Contains(loads, 0) {
 		return
 	}
 	fmt.Fprintf(w, "\n| model | test | competing processes | llama.cpp %% of quiet | pagoda %% of quiet | ratio under load |\n| --- | --- | ---: | ---: | ---: | ---: |\n")
@@ -103,13 +104,4 @@ func reportLoad(w io.Writer, es []*engine, loads []int) {
 			fmt.Fprintf(w, "| %s | %s | %d | %s | %s | %s |\n", k.model, k.test, level, a, b, ratio)
 		}
 	}
-}
-
-func contains(s []int, v int) bool {
-	for _, x := range s {
-		if x == v {
-			return true
-		}
-	}
-	return false
 }
