@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 
@@ -19,14 +18,10 @@ import (
 // rank must run every step (each holds a slice of every layer), so the
 // step goes out to all of them at once and the group waits for all.
 type Group struct {
-	conns   []net.Conn
+	links
 	remotes []*executor.Remote
 	outs    []executor.StepOutput
 	errs    []error
-
-	mu     sync.Mutex
-	broken error
-	closed bool
 }
 
 // GroupOptions configure Connect.
@@ -73,7 +68,8 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{conns: conns, remotes: make([]*executor.Remote, n), outs: make([]executor.StepOutput, n), errs: make([]error, n)}
+	g := &Group{links: links{conns: conns, closed: "tensor parallel: the group is closed"},
+		remotes: make([]*executor.Remote, n), outs: make([]executor.StepOutput, n), errs: make([]error, n)}
 	for r, c := range g.conns {
 		g.remotes[r] = executor.NewRemote(c, c)
 	}
@@ -84,12 +80,9 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 // failure breaks the group for good: the ranks' KV storage and mesh are
 // in an unknown state, so later steps fail with the first error.
 func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
-	g.mu.Lock()
-	if g.broken != nil {
-		defer g.mu.Unlock()
-		return executor.StepOutput{}, g.broken
+	if err := g.err(); err != nil {
+		return executor.StepOutput{}, err
 	}
-	g.mu.Unlock()
 	var wg sync.WaitGroup
 	for r, x := range g.remotes {
 		wg.Add(1)
@@ -102,36 +95,11 @@ func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 	for r, err := range g.errs {
 		if err != nil {
 			err = fmt.Errorf("tensor parallel: rank %d: %w", r, err)
-			g.mu.Lock()
-			if g.broken == nil {
-				g.broken = err
-			}
-			g.mu.Unlock()
-			g.Close()
+			g.fail(err)
 			return executor.StepOutput{}, err
 		}
 	}
 	return g.outs[0], nil
-}
-
-// Close hangs up on every worker; they free their shard and wait for the
-// next coordinator.
-func (g *Group) Close() error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.closed {
-		return nil
-	}
-	g.closed = true
-	if g.broken == nil {
-		g.broken = errors.New("tensor parallel: the group is closed")
-	}
-	for _, c := range g.conns {
-		if c != nil {
-			c.Close()
-		}
-	}
-	return nil
 }
 
 // newSession names a new group's lifetime (see hello.Session).

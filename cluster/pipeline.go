@@ -21,15 +21,11 @@ import (
 // stage 0 already runs micro-batch 1 (GPipe's schedule, forward only). The
 // last stage's logits, concatenated in micro-batch order, are the step's.
 type Pipeline struct {
-	conns   []net.Conn
+	links
 	remotes []*executor.Remote
 	micro   int
 	minRows int
-
-	mu     sync.Mutex
-	broken error
-	closed bool
-	stats  PipelineStats
+	stats   PipelineStats // guarded by links.mu
 }
 
 // PipelineOptions configure ConnectPipeline.
@@ -125,7 +121,7 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	if err != nil {
 		return nil, err
 	}
-	p := &Pipeline{conns: conns, micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
+	p := &Pipeline{links: links{conns: conns, closed: "pipeline parallel: the pipeline is closed"}, micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
 	for _, c := range conns {
 		p.remotes = append(p.remotes, executor.NewRemote(c, c))
 	}
@@ -187,12 +183,9 @@ func dialAll(addrs []string, hellos []hello, timeout time.Duration, what string)
 // for good (the stages' KV storage is in an unknown state): later steps
 // fail with the first error.
 func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) {
-	p.mu.Lock()
-	if p.broken != nil {
-		defer p.mu.Unlock()
-		return executor.StepOutput{}, p.broken
+	if err := p.err(); err != nil {
+		return executor.StepOutput{}, err
 	}
-	p.mu.Unlock()
 	mbs, err := microBatches(in, p.micro, p.minRows)
 	if err != nil {
 		return executor.StepOutput{}, err
@@ -307,23 +300,6 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 	return outs, first
 }
 
-func (p *Pipeline) fail(err error) {
-	p.mu.Lock()
-	if p.broken == nil {
-		p.broken = err
-	}
-	p.mu.Unlock()
-	p.Close()
-}
-
-func (p *Pipeline) closeConns() {
-	for _, c := range p.conns {
-		if c != nil {
-			c.Close()
-		}
-	}
-}
-
 // Stats is what the stages did since the pipeline connected.
 func (p *Pipeline) Stats() PipelineStats {
 	p.mu.Lock()
@@ -331,22 +307,6 @@ func (p *Pipeline) Stats() PipelineStats {
 	s := p.stats
 	s.Busy = append([]time.Duration(nil), s.Busy...)
 	return s
-}
-
-// Close hangs up on every stage; they free their layers and wait for the
-// next coordinator.
-func (p *Pipeline) Close() error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.closed {
-		return nil
-	}
-	p.closed = true
-	if p.broken == nil {
-		p.broken = errors.New("pipeline parallel: the pipeline is closed")
-	}
-	p.closeConns()
-	return nil
 }
 
 // OpenStageShape opens the coordinator's view of a model served by a
