@@ -14,6 +14,24 @@ type Batch struct {
 	// scheduler's KV manager planned it; the storage then looks nothing
 	// up by sequence. nil: the storage plans the step itself.
 	KV *KVPlan
+	// Rope, when set, is each row's rotary position where it differs from
+	// its KV position Pos: the nodes of a speculation tree are stored at
+	// consecutive positions after the sequence (Pos, which the KV plan
+	// and spans address) but rotate by their depth in the tree, siblings
+	// alike. nil: Pos.
+	Rope []int32
+	// Hidden, when its length is len(Tokens)·NEmbd, receives every row's
+	// final hidden state (after the output norm, the output head's
+	// input): the features Medusa heads and EAGLE drafts predict from.
+	Hidden []float32
+}
+
+// RopePos is row i's rotary position.
+func (b *Batch) RopePos(i int) int {
+	if b.Rope != nil {
+		return int(b.Rope[i])
+	}
+	return int(b.Pos[i])
 }
 
 // KVPlan is a step's paged-KV addressing as plain data: what a KV storage

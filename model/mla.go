@@ -39,7 +39,7 @@ func (mlaAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 		m.ops.MatMulN(m.pool, []*kernels.Matrix{l.Q, l.KVA}, s.xn, [][]float32{ms.q, ms.kv}, T)
 	}
 	for i := 0; i < T; i++ {
-		pos := int(b.Pos[i])
+		pos := b.RopePos(i)
 		lat := ms.kv[i*kd : i*kd+kvl]
 		m.ops.RMSNorm(lat, lat, l.KVANorm, c.RMSEps)
 		m.ops.RoPE(ms.kv[i*kd+kvl:(i+1)*kd], pos, m.freqs, false)

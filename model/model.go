@@ -233,10 +233,18 @@ func (m *Model) head(b *Batch) ([]float32, error) {
 		}
 	}
 	s.logitsIn = grow(s.logitsIn, rows*d)
+	hid := len(b.Hidden) == T*d
 	r := 0
 	for i := 0; i < T; i++ {
+		if hid {
+			m.ops.RMSNorm(b.Hidden[i*d:(i+1)*d], s.x[i*d:(i+1)*d], m.W.OutputNorm, c.RMSEps)
+		}
 		if wantLogits(b, i) {
-			m.ops.RMSNorm(s.logitsIn[r*d:(r+1)*d], s.x[i*d:(i+1)*d], m.W.OutputNorm, c.RMSEps)
+			if hid {
+				copy(s.logitsIn[r*d:(r+1)*d], b.Hidden[i*d:(i+1)*d])
+			} else {
+				m.ops.RMSNorm(s.logitsIn[r*d:(r+1)*d], s.x[i*d:(i+1)*d], m.W.OutputNorm, c.RMSEps)
+			}
 			r++
 		}
 	}
@@ -262,8 +270,11 @@ func (m *Model) begin(b *Batch, kv KVCache) error {
 	if T == 0 {
 		return errors.New("model: empty batch")
 	}
-	if len(b.Pos) != T || len(b.Seq) != T || (b.Logits != nil && len(b.Logits) != T) {
+	if len(b.Pos) != T || len(b.Seq) != T || (b.Logits != nil && len(b.Logits) != T) || (b.Rope != nil && len(b.Rope) != T) {
 		return errors.New("model: batch fields have different lengths")
+	}
+	if b.Hidden != nil && len(b.Hidden) != T*c.NEmbd {
+		return fmt.Errorf("model: hidden-state buffer of %d floats for %d rows of %d", len(b.Hidden), T, c.NEmbd)
 	}
 	// A cache whose policy keeps every query's distances within the
 	// context (StreamingLLM) lets positions run past it.
@@ -277,6 +288,9 @@ func (m *Model) begin(b *Batch, kv KVCache) error {
 		}
 		if b.Pos[i] < 0 || int(b.Pos[i]) >= limit {
 			return fmt.Errorf("model: position %d out of range [0, %d)", b.Pos[i], limit)
+		}
+		if rp := b.RopePos(i); rp < 0 || rp > int(b.Pos[i]) {
+			return fmt.Errorf("model: rotary position %d of row %d outside [0, %d]", rp, i, b.Pos[i])
 		}
 	}
 	if sb, ok := m.be.(stepBackend); ok {

@@ -16,7 +16,7 @@ func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 	m.be.MatMulN(l.qkv, s.xn, [][]float32{s.q, s.k, s.v}, T) // q/k/v biases included
 	for i := 0; i < T; i++ {
 		q, k := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd]
-		pos := int(b.Pos[i])
+		pos := b.RopePos(i)
 		if c.QKNormFull {
 			m.ops.RMSNorm(q, q, l.QNorm, c.RMSEps)
 			m.ops.RMSNorm(k, k, l.KNorm, c.RMSEps)

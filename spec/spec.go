@@ -11,7 +11,11 @@
 // it rolled back (Truncate) or dropped (Free).
 package spec
 
-import "pagoda/sample"
+import (
+	"fmt"
+
+	"pagoda/sample"
+)
 
 // Req is one sequence's proposal request, and its answer.
 type Req struct {
@@ -30,6 +34,63 @@ type Req struct {
 	// from. Empty means each Draft[i] was chosen deterministically (q is
 	// one-hot), as the n-gram proposer and greedy drafting do.
 	Probs []float32
+	// Parent, when not empty, makes Draft a tree of candidates (Medusa's
+	// static tree, EAGLE-2's dynamic one), verified in one pass with a
+	// tree attention mask: node i follows node Parent[i], an index below
+	// i, or the sequence's last token when Parent[i] is -1. Siblings must
+	// differ in token when Probs is empty (a top-k expansion), so that
+	// one draw from the target picks at most one of them. Empty: a chain,
+	// node i following node i-1. Max bounds the nodes either way.
+	Parent []int32
+
+	// Features, for a FeatureProposer, are the target's final hidden
+	// states (after the output norm: the output head's input, NEmbd
+	// floats each) of the positions FeatFrom, FeatFrom+1, … of Tokens
+	// that the target computed and kept since this sequence's previous
+	// Propose (all of them, prompt included, on its first). The newest is
+	// that of position len(Tokens)-2, whose logits gave the last token.
+	// After Truncate(id, n) the next rows start at FeatFrom ≤ n. Read
+	// only, valid during the call.
+	Features []float32
+	FeatFrom int
+}
+
+// FeatureProposer is a proposer that predicts from the target's own
+// hidden states (Medusa heads, an EAGLE draft layer): the engine asks the
+// executor for them and hands them over in Req.Features.
+type FeatureProposer interface {
+	Proposer
+	// FeatureDim is the width of the features it reads: the target's
+	// NEmbd.
+	FeatureDim() int
+}
+
+// Chain reports whether parent describes a chain: empty, or each node
+// following the one before it.
+func Chain(parent []int32) bool {
+	for i, p := range parent {
+		if int(p) != i-1 {
+			return false
+		}
+	}
+	return true
+}
+
+// CheckTree reports whether parent is a valid tree of n nodes: each
+// parent -1 or an earlier node.
+func CheckTree(parent []int32, n int) error {
+	if len(parent) == 0 {
+		return nil
+	}
+	if len(parent) != n {
+		return fmt.Errorf("spec: %d parents for %d draft nodes", len(parent), n)
+	}
+	for i, p := range parent {
+		if p < -1 || int(p) >= i {
+			return fmt.Errorf("spec: draft node %d has parent %d (must be -1 or an earlier node)", i, p)
+		}
+	}
+	return nil
 }
 
 // Proposer guesses draft tokens. One goroutine (the engine's) calls it.
