@@ -71,3 +71,22 @@ func abs32(x float32) float32 {
 	}
 	return x
 }
+
+func TestFileChecksum(t *testing.T) {
+	p := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	a, err := model.FileChecksum(p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(a) != 64 {
+		t.Fatalf("checksum %q is not hex SHA-256", a)
+	}
+	dir := testutil.Shared(t, "models/derived/stories260K-hf")
+	b, err := model.FileChecksum(dir)
+	if err != nil || b == a || len(b) != 64 {
+		t.Fatalf("directory checksum %q, %v (file %q)", b, err, a)
+	}
+	if _, err := model.FileChecksum(p + ".missing"); err == nil {
+		t.Error("a missing file has a checksum")
+	}
+}
