@@ -32,6 +32,18 @@ type StepInput struct {
 	// scheduler's KV manager planned it; nil lets the storage plan the
 	// step itself (a flat cache, a single-process run).
 	KV *model.KVPlan
+	// Rope is each row's rotary position where it differs from Pos (the
+	// nodes of a speculation tree share positions by depth but are stored
+	// apart); nil: Pos.
+	Rope []int32
+	// Moves are KV slot copies the storage makes, every layer, before the
+	// step runs: (from, to) pairs of slots (page·BlockSize + offset). A
+	// verified speculation tree's accepted path is compacted into place
+	// this way. A step may carry moves and no rows.
+	Moves []int32
+	// Hidden asks for every row's final hidden state (StepOutput.Hidden):
+	// the features Medusa heads and EAGLE drafts predict from.
+	Hidden bool
 }
 
 // Rows is the number of logits rows the step returns.
@@ -59,6 +71,8 @@ type StepOutput struct {
 	// Busy is how long the executor computed the step, where it measures
 	// it (a pipeline stage does, for the bubble fraction); 0 otherwise.
 	Busy time.Duration
+	// Hidden holds NEmbd floats per row of the input, when it asked.
+	Hidden []float32
 }
 
 // Executor runs steps. Implementations are called from one goroutine at a
@@ -89,22 +103,57 @@ func (l *Local) Execute(in *StepInput) (StepOutput, error) {
 	if l.F == nil || l.KV == nil {
 		return StepOutput{}, errors.New("executor: no model or KV storage")
 	}
-	l.b = model.Batch{Tokens: in.Tokens, Pos: in.Pos, Seq: in.Seq, Logits: in.Logits, KV: in.KV}
+	if err := moveSlots(l.KV, in.Moves); err != nil {
+		return StepOutput{}, err
+	}
+	if len(in.Tokens) == 0 {
+		return StepOutput{}, nil
+	}
+	var out StepOutput
+	if in.Hidden {
+		hs, ok := l.F.(interface{ HiddenSize() int })
+		if !ok {
+			return StepOutput{}, fmt.Errorf("executor: %T does not return hidden states", l.F)
+		}
+		out.Hidden = make([]float32, len(in.Tokens)*hs.HiddenSize())
+	}
+	l.b = model.Batch{Tokens: in.Tokens, Pos: in.Pos, Seq: in.Seq, Logits: in.Logits, KV: in.KV, Rope: in.Rope, Hidden: out.Hidden}
 	logits, err := l.F.Forward(&l.b, l.KV)
 	l.b = model.Batch{}
 	if err != nil {
 		return StepOutput{}, err
 	}
-	return StepOutput{Logits: logits}, nil
+	out.Logits = logits
+	return out, nil
+}
+
+// SlotMover is KV storage that copies slots, every layer: what applies a
+// step's Moves.
+type SlotMover interface {
+	MoveSlots(pairs []int32) error
+}
+
+func moveSlots(kv model.KVCache, pairs []int32) error {
+	if len(pairs) == 0 {
+		return nil
+	}
+	mv, ok := kv.(SlotMover)
+	if !ok {
+		return fmt.Errorf("executor: KV storage %T cannot move slots", kv)
+	}
+	return mv.MoveSlots(pairs)
 }
 
 // check reports a step whose fields disagree in length, so a malformed
 // step from a wire fails clearly instead of reaching the model.
 func (in *StepInput) check() error {
 	T := len(in.Tokens)
-	if len(in.Pos) != T || len(in.Seq) != T || (in.Logits != nil && len(in.Logits) != T) {
-		return fmt.Errorf("executor: step fields have different lengths (%d tokens, %d positions, %d sequences, %d logits marks)",
-			T, len(in.Pos), len(in.Seq), len(in.Logits))
+	if len(in.Pos) != T || len(in.Seq) != T || (in.Logits != nil && len(in.Logits) != T) || (in.Rope != nil && len(in.Rope) != T) {
+		return fmt.Errorf("executor: step fields have different lengths (%d tokens, %d positions, %d sequences, %d logits marks, %d rotary positions)",
+			T, len(in.Pos), len(in.Seq), len(in.Logits), len(in.Rope))
+	}
+	if len(in.Moves)%2 != 0 {
+		return fmt.Errorf("executor: %d slot-move entries are not (from, to) pairs", len(in.Moves))
 	}
 	return nil
 }

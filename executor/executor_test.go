@@ -121,6 +121,22 @@ func TestStepRoundTrip(t *testing.T) {
 			t.Fatalf("step %d: decoded %+v, want %+v", i, got, in)
 		}
 	}
+	// A tree step: rotary positions by depth, slot moves, hidden states.
+	tree := StepInput{Tokens: []int32{5, 6, 7}, Pos: []int32{9, 10, 11}, Seq: []int32{2, 2, 2}, Rope: []int32{9, 10, 10},
+		Moves: []int32{40, 38}, Hidden: true, Logits: []bool{true, true, true}}
+	for _, in := range []StepInput{tree, {Moves: []int32{1, 2}}, {Tokens: []int32{1}, Pos: []int32{0}, Seq: []int32{0}, Hidden: true}} {
+		p, err := AppendStep(nil, &in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got StepInput
+		if err := DecodeStep(p, &got); err != nil || !equalSteps(&got, &in) {
+			t.Fatalf("decoded %+v (%v), want %+v", got, err, in)
+		}
+	}
+	if _, err := AppendStep(nil, &StepInput{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int32{0}, Moves: []int32{3}}); err == nil {
+		t.Fatal("an odd number of slot-move entries encoded")
+	}
 	if _, err := AppendStep(nil, &StepInput{Tokens: []int32{1, 2}, Pos: []int32{0}, Seq: []int32{0, 0}}); err == nil {
 		t.Fatal("a step with fewer positions than tokens encoded")
 	}
@@ -151,7 +167,7 @@ func equalSteps(a, b *StepInput) bool {
 	if !eq(a.Tokens, b.Tokens) || !eq(a.Pos, b.Pos) || !eq(a.Seq, b.Seq) || (a.Logits == nil) != (b.Logits == nil) || len(a.Logits) != len(b.Logits) {
 		return false
 	}
-	if (a.KV == nil) != (b.KV == nil) {
+	if (a.KV == nil) != (b.KV == nil) || (a.Rope == nil) != (b.Rope == nil) || !eq(a.Rope, b.Rope) || !eq(a.Moves, b.Moves) || a.Hidden != b.Hidden {
 		return false
 	}
 	if a.KV != nil {
@@ -178,6 +194,9 @@ func FuzzDecodeStep(f *testing.F) {
 		f.Add(p)
 	}
 	f.Add([]byte{kindStep, 255, 255, 255, 255})
+	tree := StepInput{Tokens: []int32{5, 6}, Pos: []int32{9, 10}, Seq: []int32{2, 2}, Rope: []int32{9, 9}, Moves: []int32{4, 3}, Hidden: true}
+	p, _ := AppendStep(nil, &tree)
+	f.Add(p)
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var in StepInput
 		if err := DecodeStep(p, &in); err != nil {

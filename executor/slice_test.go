@@ -79,13 +79,19 @@ func TestSlicedSteps(t *testing.T) {
 // TestBusyRoundTrip: an output's measured compute time crosses the wire
 // with it, and an output without one still decodes.
 func TestBusyRoundTrip(t *testing.T) {
-	for _, out := range []StepOutput{{Logits: []float32{1, 2}, Busy: 1234567 * time.Nanosecond}, {Busy: time.Second}, {Logits: []float32{3}}} {
+	for _, out := range []StepOutput{{Logits: []float32{1, 2}, Busy: 1234567 * time.Nanosecond}, {Busy: time.Second}, {Logits: []float32{3}},
+		{Logits: []float32{3}, Hidden: []float32{0.5, -1, 2}}, {Logits: []float32{3}, Hidden: []float32{7}, Busy: time.Millisecond}} {
 		var back StepOutput
 		if err := DecodeOutput(AppendOutput(nil, &out), &back); err != nil {
 			t.Fatal(err)
 		}
-		if back.Busy != out.Busy || len(back.Logits) != len(out.Logits) {
+		if back.Busy != out.Busy || len(back.Logits) != len(out.Logits) || len(back.Hidden) != len(out.Hidden) {
 			t.Errorf("%+v came back as %+v", out, back)
+		}
+		for i := range out.Hidden {
+			if back.Hidden[i] != out.Hidden[i] {
+				t.Errorf("hidden %d: %v, want %v", i, back.Hidden[i], out.Hidden[i])
+			}
 		}
 	}
 }

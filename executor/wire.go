@@ -20,8 +20,14 @@ import (
 //	                u8 has-marks, then (if 1) T bytes of 0/1 logits marks,
 //	                u8 has-plan, then (if 1) the KV plan's Runs, TableOff,
 //	                Tables, Slots, SpanOff, Spans, each u32 n, n×i32
+//	                then, only when the step has any: 'X', u8 flags (1:
+//	                hidden states wanted, 2: rotary positions present),
+//	                the rotary positions and the slot moves, each u32 n,
+//	                n×i32
 //	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact),
-//	                then, when the executor measured it, u64 busy nanoseconds
+//	                then, when the executor measured it or hidden states
+//	                follow, u64 busy nanoseconds, then for hidden states
+//	                u32 H, H×f32
 //	'E' error:      the error's text
 //
 // Fixed-width integers and raw float bits keep encoding a loop of
@@ -30,6 +36,7 @@ const (
 	kindStep   = 'S'
 	kindOutput = 'O'
 	kindError  = 'E'
+	kindExt    = 'X'
 
 	// maxFrame bounds what a peer can make the reader allocate.
 	maxFrame = 1 << 30
@@ -61,16 +68,52 @@ func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
 		}
 	}
 	if in.KV == nil {
-		return append(dst, 0), nil
-	}
-	dst = append(dst, 1)
-	for _, s := range planFields(in.KV) {
-		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(*s)))
-		for _, v := range *s {
-			dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+		dst = append(dst, 0)
+	} else {
+		dst = append(dst, 1)
+		for _, s := range planFields(in.KV) {
+			dst = appendInts(dst, *s)
 		}
 	}
-	return dst, nil
+	if in.Rope == nil && len(in.Moves) == 0 && !in.Hidden {
+		return dst, nil
+	}
+	flags := byte(0)
+	if in.Hidden {
+		flags |= 1
+	}
+	if in.Rope != nil {
+		flags |= 2
+	}
+	dst = append(dst, kindExt, flags)
+	dst = appendInts(dst, in.Rope)
+	return appendInts(dst, in.Moves), nil
+}
+
+func appendInts(dst []byte, s []int32) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(s)))
+	for _, v := range s {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(v))
+	}
+	return dst
+}
+
+// readInts reads what appendInts wrote into s (reused), returning the
+// rest of p.
+func readInts(p []byte, s *[]int32, what string) ([]byte, error) {
+	if len(p) < 4 {
+		return p, fmt.Errorf("executor: %s truncated", what)
+	}
+	n := int(binary.LittleEndian.Uint32(p))
+	p = p[4:]
+	if n < 0 || len(p)/4 < n {
+		return p, fmt.Errorf("executor: %s truncated", what)
+	}
+	*s = growInts(*s, n)
+	for i := range *s {
+		(*s)[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
+	}
+	return p[4*n:], nil
 }
 
 func planFields(p *model.KVPlan) [6]*[]int32 {
@@ -120,35 +163,61 @@ func DecodeStep(p []byte, in *StepInput) error {
 		return errors.New("executor: malformed logits marks")
 	}
 	switch {
-	case len(p) == 1 && p[0] == 0:
+	case len(p) >= 1 && p[0] == 0:
 		in.KV = nil
-		return nil
+		p = p[1:]
 	case len(p) == 0 || p[0] != 1:
 		return errors.New("executor: malformed KV plan")
+	default:
+		p = p[1:]
+		if in.KV == nil {
+			in.KV = new(model.KVPlan)
+		}
+		for _, s := range planFields(in.KV) {
+			var err error
+			if p, err = readInts(p, s, "KV plan"); err != nil {
+				return err
+			}
+		}
 	}
-	p = p[1:]
-	if in.KV == nil {
-		in.KV = new(model.KVPlan)
+	return decodeExt(p, in, T)
+}
+
+// decodeExt decodes the step's optional tail: the hidden-state request,
+// rotary positions and slot moves.
+func decodeExt(p []byte, in *StepInput, T int) error {
+	in.Rope, in.Moves, in.Hidden = in.Rope[:0], in.Moves[:0], false
+	if len(p) == 0 {
+		in.Rope = nil
+		return nil
 	}
-	for _, s := range planFields(in.KV) {
-		if len(p) < 4 {
-			return errors.New("executor: KV plan truncated")
-		}
-		n := int(binary.LittleEndian.Uint32(p))
-		p = p[4:]
-		if len(p) < 4*n {
-			return errors.New("executor: KV plan truncated")
-		}
-		*s = growInts(*s, n)
-		for i := range *s {
-			(*s)[i] = int32(binary.LittleEndian.Uint32(p[4*i:]))
-		}
-		p = p[4*n:]
+	if len(p) < 2 || p[0] != kindExt || p[1] > 3 {
+		return fmt.Errorf("executor: %d unexpected bytes after the KV plan", len(p))
+	}
+	flags := p[1]
+	in.Hidden = flags&1 != 0
+	var err error
+	if p, err = readInts(p[2:], &in.Rope, "rotary positions"); err != nil {
+		return err
+	}
+	switch {
+	case flags&2 == 0 && len(in.Rope) != 0:
+		return errors.New("executor: rotary positions the flags do not announce")
+	case flags&2 == 0:
+		in.Rope = nil
+	case len(in.Rope) != T:
+		return fmt.Errorf("executor: %d rotary positions for %d rows", len(in.Rope), T)
+	}
+	if p, err = readInts(p, &in.Moves, "slot moves"); err != nil {
+		return err
 	}
 	if len(p) != 0 {
-		return fmt.Errorf("executor: %d bytes after the KV plan", len(p))
+		return fmt.Errorf("executor: %d bytes after the step", len(p))
 	}
-	return nil
+	if flags == 0 && len(in.Moves) == 0 {
+		return errors.New("executor: an empty step extension")
+	}
+	return in.check()
 }
 
 func growInts(s []int32, n int) []int32 {
@@ -165,8 +234,14 @@ func AppendOutput(dst []byte, out *StepOutput) []byte {
 	for _, v := range out.Logits {
 		dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
 	}
-	if out.Busy > 0 {
+	if out.Busy > 0 || len(out.Hidden) > 0 {
 		dst = binary.LittleEndian.AppendUint64(dst, uint64(out.Busy))
+	}
+	if len(out.Hidden) > 0 {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(out.Hidden)))
+		for _, v := range out.Hidden {
+			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
+		}
 	}
 	return dst
 }
@@ -189,9 +264,17 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 	n := int(binary.LittleEndian.Uint32(p[1:]))
 	p = p[5:]
 	out.Busy = 0
-	if n >= 0 && len(p) == 4*n+8 {
+	out.Hidden = out.Hidden[:0]
+	if n >= 0 && len(p)/4 >= n && len(p) >= 4*n+8 {
 		out.Busy = time.Duration(binary.LittleEndian.Uint64(p[4*n:]))
+		rest := p[4*n+8:]
 		p = p[:4*n]
+		if len(rest) > 0 {
+			if len(rest) < 4 || int(binary.LittleEndian.Uint32(rest)) != (len(rest)-4)/4 || len(rest)%4 != 0 {
+				return fmt.Errorf("executor: output's hidden states have %d bytes", len(rest))
+			}
+			out.Hidden = floats(out.Hidden, rest[4:])
+		}
 	}
 	if n < 0 || len(p) != 4*n {
 		return fmt.Errorf("executor: output of %d logits has %d bytes", n, len(p))
@@ -204,6 +287,18 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 		out.Logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
 	}
 	return nil
+}
+
+func floats(dst []float32, p []byte) []float32 {
+	n := len(p) / 4
+	if cap(dst) < n {
+		dst = make([]float32, n)
+	}
+	dst = dst[:n]
+	for i := range dst {
+		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
+	}
+	return dst
 }
 
 // RemoteError is an error the executor on the other end returned.

@@ -50,6 +50,19 @@ func (c *Cache) Begin(b *model.Batch) error {
 // every row attends, writing it into dst. It reports an error for a row
 // the caller allocated no slot for, or whose block a policy released.
 func (c *Cache) Plan(pos, seq []int32, dst *model.KVPlan) error {
+	return c.PlanTree(pos, seq, nil, dst)
+}
+
+// PlanTree is Plan for a step that carries speculation trees: row i with
+// parent[i] ≥ 0 is a tree node that attends what row parent[i] (an
+// earlier row of its sequence, at a lower position) attends, and itself —
+// the tree attention mask, over nodes stored at consecutive positions
+// after the sequence. Rows with parent[i] < 0, and every row when parent
+// is nil, attend as the policy says.
+func (c *Cache) PlanTree(pos, seq, parent []int32, dst *model.KVPlan) error {
+	if parent != nil && len(parent) != len(pos) {
+		return fmt.Errorf("kvcache: %d tree parents for %d rows", len(parent), len(pos))
+	}
 	dst.Reset()
 	var blocks []int32
 	for i, p := range pos {
@@ -72,23 +85,56 @@ func (c *Cache) Plan(pos, seq []int32, dst *model.KVPlan) error {
 			return fmt.Errorf("kvcache: sequence %d position %d is in a block released by the cache policy", id, p)
 		}
 		dst.Slots = append(dst.Slots, blocks[blk]*int32(c.bs)+p%int32(c.bs))
+		if parent != nil && parent[i] >= 0 {
+			if q := parent[i]; int(q) >= i || seq[q] != id || pos[q] >= p {
+				return fmt.Errorf("kvcache: tree row %d (sequence %d position %d) has parent row %d", i, id, p, q)
+			}
+		}
 	}
 	dst.Runs = append(dst.Runs, int32(len(pos)))
 	dst.TableOff = append(dst.TableOff, int32(len(dst.Tables)))
-	var spans []Span
 	for gi := range c.groups {
-		dst.SpanOff = append(dst.SpanOff, int32(len(dst.Spans)/2))
-		for i, p := range pos {
-			pol := c.policyOf(gi, seq[i])
-			spans = pol.Visible(seq[i], int(p), spans[:0])
-			for k, s := range spans {
-				if s.From < 0 || s.To > int(p)+1 || s.From >= s.To || (k > 0 && s.From < spans[k-1].To) {
-					return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", pol, p, seq[i], s)
-				}
-				dst.Spans = append(dst.Spans, int32(s.From), int32(s.To))
+		if err := c.planSpans(gi, pos, seq, parent, dst); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// planSpans writes group gi's spans of every row into dst.
+func (c *Cache) planSpans(gi int, pos, seq, parent []int32, dst *model.KVPlan) error {
+	T := len(pos)
+	base := len(dst.SpanOff)
+	dst.SpanOff = append(dst.SpanOff, int32(len(dst.Spans)/2))
+	var spans []Span
+	for i, p := range pos {
+		if parent != nil && parent[i] >= 0 {
+			// The parent's spans, then this node: every ancestor's
+			// position and the sequence before the tree, nothing of the
+			// siblings' branches.
+			q := int(parent[i])
+			a, e := 2*dst.SpanOff[base+q], 2*dst.SpanOff[base+q+1]
+			dst.Spans = append(dst.Spans, dst.Spans[a:e]...)
+			if n := len(dst.Spans); n > int(2*dst.SpanOff[base+i]) && dst.Spans[n-1] == p {
+				dst.Spans[n-1] = p + 1
+			} else {
+				dst.Spans = append(dst.Spans, p, p+1)
 			}
 			dst.SpanOff = append(dst.SpanOff, int32(len(dst.Spans)/2))
+			continue
 		}
+		pol := c.policyOf(gi, seq[i])
+		spans = pol.Visible(seq[i], int(p), spans[:0])
+		for k, s := range spans {
+			if s.From < 0 || s.To > int(p)+1 || s.From >= s.To || (k > 0 && s.From < spans[k-1].To) {
+				return fmt.Errorf("kvcache: policy %T gives position %d of sequence %d the span %v", pol, p, seq[i], s)
+			}
+			dst.Spans = append(dst.Spans, int32(s.From), int32(s.To))
+		}
+		dst.SpanOff = append(dst.SpanOff, int32(len(dst.Spans)/2))
+	}
+	if len(dst.SpanOff)-base != T+1 {
+		panic("kvcache: span offsets miscounted")
 	}
 	return nil
 }

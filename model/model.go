@@ -179,6 +179,9 @@ func (m *Model) ExpertLoad() [][]uint64 {
 func (m *Model) ExpertBytesRead() uint64 { return m.expertBytes.Load() }
 
 // Close releases the weights' file mapping and the worker pool.
+// HiddenSize is the width of the hidden states Batch.Hidden returns.
+func (m *Model) HiddenSize() int { return m.Config.NEmbd }
+
 func (m *Model) Close() error {
 	if m.ownPool {
 		m.pool.Close()
