@@ -127,7 +127,7 @@ func TestPipelineRefusals(t *testing.T) {
 		t.Fatal("no room")
 	}
 	bad := &executor.StepInput{Tokens: []int32{1, int32(c.VocabSize)}, Pos: []int32{0, 1}, Seq: []int32{0, 0}, KV: new(model.KVPlan)}
-	if err := mgr.Plan(bad.Pos, bad.Seq, bad.KV); err != nil {
+	if err := mgr.Plan(bad.Pos, bad.Seq, nil, bad.KV); err != nil {
 		t.Fatal(err)
 	}
 	done := make(chan error, 1)
@@ -170,7 +170,7 @@ func bubbleWorkload(t *testing.T, ex executor.Executor, kc kvcache.Config, vocab
 				t.Fatal("no room")
 			}
 		}
-		if err := mgr.Plan(in.Pos, in.Seq, in.KV); err != nil {
+		if err := mgr.Plan(in.Pos, in.Seq, nil, in.KV); err != nil {
 			t.Fatal(err)
 		}
 		o, err := ex.Execute(in)

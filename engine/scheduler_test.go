@@ -418,7 +418,7 @@ func TestSchedulerManagerNoStorage(t *testing.T) {
 		preempted += len(p.preempted)
 		e.buildBatch(p)
 		if len(e.in.Tokens) > 0 {
-			if err := kv.Plan(e.in.Pos, e.in.Seq, &plan); err != nil {
+			if err := kv.Plan(e.in.Pos, e.in.Seq, nil, &plan); err != nil {
 				t.Fatalf("step %d: %v", steps, err)
 			}
 			seen := map[int32]bool{}

@@ -30,7 +30,7 @@ func (e *Engine) step() bool {
 	e.st.BatchedTokens += uint64(p.tokens)
 	// The KV manager writes the block tables, slot mapping and spans into
 	// the step, so the executor's storage looks nothing up.
-	err := e.kv.Plan(e.in.Pos, e.in.Seq, &e.plan)
+	err := e.kv.Plan(e.in.Pos, e.in.Seq, nil, &e.plan)
 	e.in.KV = &e.plan
 	var out executor.StepOutput
 	if err == nil {

@@ -258,7 +258,7 @@ func TestPipePagedPlan(t *testing.T) {
 			}
 		}
 		in.KV = new(model.KVPlan)
-		if err := mgr.Plan(in.Pos, in.Seq, in.KV); err != nil {
+		if err := mgr.Plan(in.Pos, in.Seq, nil, in.KV); err != nil {
 			t.Fatal(err)
 		}
 		want, err := local.Execute(&in)

@@ -38,7 +38,7 @@ func TestSlicedSteps(t *testing.T) {
 			}
 		}
 		in.KV = new(model.KVPlan)
-		if err := mgr.Plan(in.Pos, in.Seq, in.KV); err != nil {
+		if err := mgr.Plan(in.Pos, in.Seq, nil, in.KV); err != nil {
 			t.Fatal(err)
 		}
 		want, err := local.Execute(&in)

@@ -607,9 +607,6 @@ func (c *Cache) Table(seq int32) []int32 {
 	return nil
 }
 
-// NumSeqs is the number of sequences holding blocks.
-func (c *Cache) NumSeqs() int { return len(c.tables) }
-
 // Usage is a snapshot of how the cache is used.
 type Usage struct {
 	Blocks     int // in the pool

@@ -18,12 +18,25 @@ func (p *blockPages) CopySlot(dp, ds, sp, ss int) {
 	copy(p.data[d:d+p.rowBytes], p.data[s:s+p.rowBytes])
 }
 
-// CanMoveSlots reports whether MoveSlots copies every layer's rows
-// exactly: true for float and ggml block formats, false for formats that
-// keep per-page or per-sequence state (KIVI's groups, merged layers,
-// channel statistics), which a moved row would leave stale.
-func (kv *Storage) CanMoveSlots() bool {
-	for _, ls := range kv.layers {
+// ExactSlotMoves reports whether the storage cfg describes copies every
+// layer's rows exactly when a step moves slots: true for float and ggml
+// block formats, false for formats that keep per-page or per-sequence
+// state (KIVI's groups, merged layers, channel statistics), which a moved
+// row would leave stale. Whoever plans trees asks before planning one.
+func (cfg Config) ExactSlotMoves() bool {
+	ok := func(f Format) bool {
+		switch f.(type) {
+		case nil, DType, BlockFormat:
+			return true
+		}
+		return false
+	}
+	return ok(cfg.KFormat) && ok(cfg.VFormat)
+}
+
+// exactMoves reports whether every layer's pages copy rows exactly.
+func exactMoves(layers []layerStore) bool {
+	for _, ls := range layers {
 		if _, ok := ls.k.(slotCopier); !ok {
 			return false
 		}
@@ -45,7 +58,7 @@ func (kv *Storage) MoveSlots(pairs []int32) error {
 	if len(pairs)%2 != 0 {
 		return fmt.Errorf("kvcache: %d slot-move entries are not pairs", len(pairs))
 	}
-	if !kv.CanMoveSlots() {
+	if !exactMoves(kv.layers) {
 		return fmt.Errorf("kvcache: this KV format cannot move slots exactly")
 	}
 	n := int32(kv.npages) * int32(kv.bs)
@@ -67,16 +80,3 @@ func (kv *Storage) MoveSlots(pairs []int32) error {
 	return nil
 }
 
-// Slot is the slot (page·BlockSize + offset) position pos of sequence seq
-// occupies, or an error when it has none.
-func (c *Cache) Slot(seq int32, pos int) (int32, error) {
-	t := c.tables[seq]
-	if t == nil {
-		return 0, fmt.Errorf("kvcache: sequence %d has no blocks", seq)
-	}
-	blk := pos / c.bs
-	if pos < 0 || blk >= len(t.blocks) || t.blocks[blk] == released {
-		return 0, fmt.Errorf("kvcache: sequence %d has no slot for position %d", seq, pos)
-	}
-	return t.blocks[blk]*int32(c.bs) + int32(pos%c.bs), nil
-}

@@ -20,7 +20,7 @@ import (
 func (c *Cache) Begin(b *model.Batch) error {
 	pl := b.KV
 	if pl == nil {
-		if err := c.Plan(b.Pos, b.Seq, &c.own); err != nil {
+		if err := c.Plan(b.Pos, b.Seq, nil, &c.own); err != nil {
 			return err
 		}
 		pl = &c.own
@@ -49,17 +49,14 @@ func (c *Cache) Begin(b *model.Batch) error {
 // batch order) through the block tables and asks each group's policy what
 // every row attends, writing it into dst. It reports an error for a row
 // the caller allocated no slot for, or whose block a policy released.
-func (c *Cache) Plan(pos, seq []int32, dst *model.KVPlan) error {
-	return c.PlanTree(pos, seq, nil, dst)
-}
-
-// PlanTree is Plan for a step that carries speculation trees: row i with
+//
+// A step that carries speculation trees gives parent: row i with
 // parent[i] ≥ 0 is a tree node that attends what row parent[i] (an
 // earlier row of its sequence, at a lower position) attends, and itself —
 // the tree attention mask, over nodes stored at consecutive positions
 // after the sequence. Rows with parent[i] < 0, and every row when parent
 // is nil, attend as the policy says.
-func (c *Cache) PlanTree(pos, seq, parent []int32, dst *model.KVPlan) error {
+func (c *Cache) Plan(pos, seq, parent []int32, dst *model.KVPlan) error {
 	if parent != nil && len(parent) != len(pos) {
 		return fmt.Errorf("kvcache: %d tree parents for %d rows", len(parent), len(pos))
 	}

@@ -262,9 +262,6 @@ func (c *Cache) policyOf(gi int, seq int32) Policy {
 	return c.groups[gi].Policy
 }
 
-// SeqPolicy is the policy seq runs in group gi, as the cache runs it.
-func (c *Cache) SeqPolicy(gi int, seq int32) Policy { return c.policyOf(gi, seq) }
-
 // lossyOf reports whether seq's policy in group gi drops positions on purpose.
 func (c *Cache) lossyOf(gi int, seq int32) bool {
 	if sp := c.bound[seq]; sp != nil {

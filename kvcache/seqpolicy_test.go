@@ -343,7 +343,7 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 	// Per-sequence Quests of any settings share one table of key bounds.
 	c.Bind(10, quest)
 	c.Bind(11, NewQuest(4, 0))
-	if a, b := c.SeqPolicy(0, 10).(*QuestPolicy), c.SeqPolicy(0, 11).(*QuestPolicy); a.st != b.st || a.Budget == b.Budget {
+	if a, b := c.policyOf(0, 10).(*QuestPolicy), c.policyOf(0, 11).(*QuestPolicy); a.st != b.st || a.Budget == b.Budget {
 		t.Fatal("two quest settings do not share their key bounds")
 	}
 	c.Free(10)

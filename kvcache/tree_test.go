@@ -43,7 +43,7 @@ func TestTreeAttention(t *testing.T) {
 				rows[L+i] = L + p // a root child's parent row is the last token's, L-1
 			}
 			var pl model.KVPlan
-			if err := c.PlanTree(pos, seq, rows, &pl); err != nil {
+			if err := c.Plan(pos, seq, rows, &pl); err != nil {
 				t.Fatal(err)
 			}
 			b := &model.Batch{Tokens: make([]int32, n), Pos: pos, Seq: seq, KV: &pl}
@@ -77,9 +77,7 @@ func TestTreeAttention(t *testing.T) {
 			// Compact the path 0→2→3 to positions L, L+1, L+2.
 			var moves []int32
 			for j, node := range []int{0, 2, 3} {
-				from, _ := c.Slot(0, L+node)
-				to, _ := c.Slot(0, L+j)
-				moves = append(moves, from, to)
+				moves = append(moves, pl.Slots[L+node], pl.Slots[L+j])
 			}
 			want := [][]float32{keys[L], keys[L+2], keys[L+3]}
 			if err := c.MoveSlots(moves); err != nil {
@@ -87,16 +85,19 @@ func TestTreeAttention(t *testing.T) {
 			}
 			got := make([]float32, nkv*hd)
 			for j := range want {
-				s, _ := c.Slot(0, L+j)
+				s := pl.Slots[L+j]
 				c.layers[0].k.Get(int(s)/4, int(s)%4, got)
 				if !slices.Equal(got, want[j]) {
 					t.Fatalf("moved row %d differs", j)
 				}
 			}
+			if !c.cfg.ExactSlotMoves() {
+				t.Error("exact formats refuse slot moves")
+			}
 			if err := c.MoveSlots([]int32{0, 1 << 20}); err == nil {
 				t.Error("a move outside the pages was accepted")
 			}
-			if err := c.PlanTree(pos, seq, []int32{-1, 3, -1, -1, -1, -1, -1, -1, -1}, &pl); err == nil {
+			if err := c.Plan(pos, seq, []int32{-1, 3, -1, -1, -1, -1, -1, -1, -1}, &pl); err == nil {
 				t.Error("a parent after its child was accepted")
 			}
 		})
