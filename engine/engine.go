@@ -197,6 +197,14 @@ type Engine struct {
 
 	// ctl decides whether to speculate at all (nil: always; specctl.go).
 	ctl *specCtl
+
+	// Speculation trees (tree.go) and features (features.go).
+	trees   bool      // the storage and executor take trees; else first branches
+	feat    *featBook // nil: the proposer reads no hidden states
+	moves   []int32   // slot moves for the next step: accepted paths compacted
+	rope    []int32   // the step's rotary positions, when it carries trees
+	treePar []int32   // the step's rows' tree parents, when it carries trees
+	pk      picker    // draws at each node of a verification walk
 }
 
 type request struct {
@@ -311,6 +319,14 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	}
 	if kv.PositionLimit() > 0 && kv.MaxSeqBlocks(e.sch.maxChunk()) > 0 {
 		e.maxLen = kv.PositionLimit()
+	}
+	// Trees need exact slot moves, the storage in this process, and full
+	// attention: a sliding window would clip tree nodes by their storage
+	// positions rather than their depths.
+	e.trees = kcfg.ExactSlotMoves() && cfg.Executor == nil && cfg.SlidingWindow == 0
+	if e.feat, err = newFeatBook(fw, cfg); err != nil {
+		kv.Close()
+		return nil, err
 	}
 	e.publish()
 	return e, nil

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 
 	"pagoda/kvcache"
 	"pagoda/spec"
@@ -36,7 +37,10 @@ type sequence struct {
 	// draft holds proposed tokens to verify after tokens in the next step.
 	// A proposer fills it before Schedule; the plan slices it, so it must
 	// not be rewritten before Update, which clears it.
-	draft    []int32
+	draft []int32
+	// parent makes draft a tree (spec.Req.Parent): node i follows node
+	// parent[i], or the last token when -1; nil for a chain.
+	parent   []int32
 	finished bool
 	spec     *seqSpec // speculation state, once it has speculated
 }
@@ -48,6 +52,9 @@ type scheduled struct {
 	start int
 	n     int
 	draft []int32 // the last len(draft) of the n tokens
+	// parent is the tree of the drafts (a prefix of the proposed tree is
+	// one), nil for a chain.
+	parent []int32
 	// rows is how many logits rows the step yields for the sequence: 0 for
 	// a prompt chunk that does not finish the prompt, 1 for the last one
 	// or a plain decode, 1+len(draft) when verifying drafts.
@@ -81,9 +88,11 @@ type plan struct {
 // outcome is the caller's verdict on one planned sequence with logits.
 // Choosing accepted (rejection sampling) is the caller's job.
 type outcome struct {
-	accepted int   // leading draft tokens kept
-	next     int32 // the token after them: a correction, a bonus or a plain sample
-	done     bool  // the completion ends with next; its blocks are freed
+	accepted int // draft tokens kept: the leading ones of a chain, path's of a tree
+	// path holds, for a tree, the kept nodes from the root down.
+	path []int32
+	next int32 // the token after them: a correction, a bonus or a plain sample
+	done bool  // the completion ends with next; its blocks are freed
 	// forks are the first tokens of completions 1..N-1 when the entry
 	// forks (scheduled.fork), sampled from the same logits row.
 	forks []forkToken
@@ -285,6 +294,9 @@ func (p *plan) add(s *sequence, n int) {
 	w := scheduled{seq: s, start: s.numComputed, n: n}
 	if extra := w.start + n - len(s.tokens); extra > 0 {
 		w.draft = s.draft[:extra]
+		if s.parent != nil {
+			w.parent = s.parent[:extra]
+		}
 	}
 	// Every position from the last token on predicts the next one.
 	w.rows = max(0, w.start+n-(len(s.tokens)-1))
@@ -340,7 +352,11 @@ func (sc *scheduler) victim(picked map[*sequence]bool) *sequence {
 func (sc *scheduler) preempt(s *sequence) {
 	sc.kv.Free(s.id)
 	s.numComputed = 0
-	s.draft = nil
+	s.draft, s.parent = nil, nil
+	if s.spec != nil {
+		// Recomputed from the start: so are its features.
+		s.spec.feats, s.spec.featFrom = s.spec.feats[:0], 0
+	}
 	sc.removeRunning(s)
 	sc.waiting = append([]*sequence{s}, sc.waiting...)
 }
@@ -353,7 +369,7 @@ func (sc *scheduler) Update(p *plan, res []outcome) {
 	for i := range p.seqs {
 		w := &p.seqs[i]
 		s := w.seq
-		s.draft = nil
+		s.draft, s.parent = nil, nil
 		if s.finished {
 			continue // aborted since Schedule
 		}
@@ -371,7 +387,16 @@ func (sc *scheduler) Update(p *plan, res []outcome) {
 		if rejected > 0 {
 			sc.kv.Truncate(s.id, s.numComputed)
 		}
-		s.tokens = append(s.tokens, w.draft[:o.accepted]...)
+		if w.parent != nil {
+			if len(o.path) != o.accepted {
+				panic(fmt.Sprintf("engine: sequence %d: a path of %d nodes for %d accepted", s.id, len(o.path), o.accepted))
+			}
+			for _, k := range o.path {
+				s.tokens = append(s.tokens, w.draft[k])
+			}
+		} else {
+			s.tokens = append(s.tokens, w.draft[:o.accepted]...)
+		}
 		sc.kv.Commit(s.id, s.tokens, s.numComputed, s.req.extra)
 		if w.fork {
 			sc.fork(s, o.forks)
@@ -391,6 +416,10 @@ func (sc *scheduler) fork(s *sequence, first []forkToken) {
 	r.forked = true
 	for i, f := range first {
 		c := sc.newSequence(r, i+1, s.tokens, s.numComputed)
+		if s.spec != nil && len(s.spec.feats) > 0 {
+			// The prompt's features, which the completions share.
+			c.spec = &seqSpec{feats: slices.Clone(s.spec.feats), featFrom: s.spec.featFrom}
+		}
 		if err := sc.kv.Fork(s.id, c.id); err != nil {
 			panic(err) // s is running, so it has blocks
 		}
@@ -411,7 +440,7 @@ func (sc *scheduler) appendToken(s *sequence, tok int32, done bool) {
 // abort ends s wherever it is, freeing its blocks.
 func (sc *scheduler) abort(s *sequence) {
 	s.finished = true
-	s.draft = nil
+	s.draft, s.parent = nil, nil
 	sc.kv.Free(s.id)
 	sc.removeRunning(s)
 	sc.removeWaiting(s)

@@ -45,6 +45,10 @@ type seqSpec struct {
 	acc   spec.Acceptance
 	req   spec.Req
 	probs []float32 // q rows of the drafts in flight (empty: one-hot)
+	// feats are the target's hidden states of positions featFrom, … not
+	// yet handed to a FeatureProposer (featBook).
+	feats    []float32
+	featFrom int
 }
 
 // probeEvery: sequences for which drafting does not pay (by acceptance or
@@ -136,10 +140,7 @@ func (e *Engine) propose() {
 			g = 1
 		}
 		r := d.seq.req
-		c := &r.comps[d.seq.index]
-		ss.req.ID, ss.req.Tokens, ss.req.Max = d.seq.id, d.seq.tokens, g
-		ss.req.Sampler = e.draftSampler(r, c, d.seq.index)
-		reqs = append(reqs, &ss.req)
+		reqs = append(reqs, ss.ask(d.seq, g, e.draftSampler(r, &r.comps[d.seq.index], d.seq.index), e.feat.dim()))
 	}
 	e.specReqs = reqs
 	if len(reqs) == 0 {
@@ -147,6 +148,9 @@ func (e *Engine) propose() {
 	}
 	t0 := time.Now()
 	err := e.cfg.Spec.Proposer.Propose(reqs)
+	for _, d := range cands {
+		d.seq.spec.consumed(e.feat.dim())
+	}
 	if err != nil {
 		// The proposer's failure costs speed, never a request: this
 		// step runs without drafts.
@@ -159,14 +163,7 @@ func (e *Engine) propose() {
 	}
 	e.cost.ObserveDraft(n, time.Since(t0).Seconds())
 	for _, d := range cands {
-		ss := d.seq.spec
-		if ss.req.Tokens == nil || len(ss.req.Draft) == 0 {
-			ss.req.Tokens = nil
-			continue
-		}
-		d.seq.draft = ss.req.Draft
-		ss.probs = ss.req.Probs
-		ss.req.Tokens = nil
+		d.seq.takeDraft(e.trees)
 	}
 }
 

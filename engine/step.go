@@ -7,7 +7,6 @@ import (
 
 	"pagoda/executor"
 	"pagoda/sample"
-	"pagoda/spec"
 	"pagoda/tokenizer"
 )
 
@@ -30,12 +29,13 @@ func (e *Engine) step() bool {
 	e.st.BatchedTokens += uint64(p.tokens)
 	// The KV manager writes the block tables, slot mapping and spans into
 	// the step, so the executor's storage looks nothing up.
-	err := e.kv.Plan(e.in.Pos, e.in.Seq, nil, &e.plan)
+	err := e.kv.Plan(e.in.Pos, e.in.Seq, e.treePar, &e.plan)
 	e.in.KV = &e.plan
 	var out executor.StepOutput
 	if err == nil {
 		out, err = e.ex.Execute(&e.in)
 	}
+	e.moves, e.in.Moves = e.moves[:0], nil // applied, or lost with the step's requests
 	logits := out.Logits
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
 		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), p.rows, e.cfg.VocabSize)
@@ -48,7 +48,10 @@ func (e *Engine) step() bool {
 		}
 		return true
 	}
-	e.sch.Update(p, e.sampleStep(p, logits))
+	res := e.sampleStep(p, logits)
+	e.moves = p.treeMoves(res, e.plan.Slots, e.moves)
+	e.feat.collect(p, res, out.Hidden, func(r *request) bool { return e.specTokens(r) > 0 })
+	e.sch.Update(p, res)
 	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
 	e.ctlEnd()
 	return true
@@ -69,6 +72,7 @@ func (e *Engine) account(p *plan) {
 func (e *Engine) buildBatch(p *plan) {
 	b := &e.in
 	b.Tokens, b.Pos, b.Seq, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Logits[:0]
+	trees := false
 	for i := range p.seqs {
 		w := &p.seqs[i]
 		for j := 0; j < w.n; j++ {
@@ -77,7 +81,15 @@ func (e *Engine) buildBatch(p *plan) {
 			b.Seq = append(b.Seq, w.seq.id)
 			b.Logits = append(b.Logits, j >= w.n-w.rows-w.promptRows)
 		}
+		trees = trees || w.parent != nil
 	}
+	b.Rope, e.treePar = nil, nil
+	if trees {
+		e.rope, e.treePar = treeRows(p, e.rope, e.treePar)
+		b.Rope = e.rope
+	}
+	b.Moves = e.moves
+	b.Hidden = e.feat != nil
 }
 
 // sampleStep turns each planned sequence's logits rows into its outcome,
@@ -153,40 +165,34 @@ func (e *Engine) verify(w *scheduled, rows []float32, now time.Time) outcome {
 	}
 	hist := append(e.hist[:0], s.tokens...)
 	var o outcome
-	accepted := 0
-	for i := 0; ; i++ {
-		lg := rows[i*V : (i+1)*V]
+	accepted, decided := 0, 0 // drafts kept (the one that ends the completion too), tree levels decided
+	for node := int32(-1); ; {
+		lg := rows[int(node+1)*V : int(node+2)*V] // row 0 is the root's, row k+1 node k's
 		raw := e.keepRaw(r, lg)
-		var tok int32
-		ok := false
-		switch {
-		case i == len(w.draft):
-			tok = ps.Sample(lg, hist)
-		case len(q) == 0:
-			tok = ps.Sample(lg, hist)
-			ok = tok == w.draft[i]
-		default:
-			_, p := ps.SampleProbs(lg, hist)
-			qi, x := q[i*V:(i+1)*V], w.draft[i]
-			if ok = e.accept(p, qi, x, c.vrng.Float64()); ok {
-				tok = x
-			} else {
-				tok = spec.Residual(p, qi, c.vrng.Float64())
-			}
-		}
+		tok, next, leaf := e.pk.pick(w, ps, q, V, lg, hist, node, c.vrng, e.accept)
 		done := e.emitToken(r, s.index, tok, raw, len(hist)+1, now)
 		hist = append(hist, tok)
-		if ok {
+		if !leaf {
+			decided++
+		}
+		if next >= 0 {
 			accepted++
 		}
-		if !ok || done {
-			o = outcome{accepted: i, next: tok, done: done}
+		if next < 0 || done {
+			// tok is next: a correction, a bonus, or the accepted draft
+			// that ends the completion.
+			o.next, o.done = tok, done
 			break
 		}
+		o.path = append(o.path, next)
+		node = next
 	}
 	e.hist = hist[:0]
-	verified := min(len(w.draft), o.accepted+1) // positions the rule decided
-	s.spec.acc.Observe(verified, accepted)
+	o.accepted = len(o.path)
+	if w.parent == nil {
+		o.path = nil // a chain keeps its leading drafts
+	}
+	s.spec.acc.Observe(decided, accepted)
 	e.st.SpecDrafts++
 	e.st.SpecDraftTokens += uint64(len(w.draft))
 	e.st.SpecAccepted += uint64(accepted)

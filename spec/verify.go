@@ -47,6 +47,29 @@ func Residual(p, q []float32, u float64) int32 {
 	return last
 }
 
+// Deplete writes normalise(max(0, p - q)) into dst (which may be p) and
+// returns it: the target's distribution after a draft drawn from q was
+// rejected, against which the next sibling of a tree is tested (SpecInfer's
+// multi-draft rule). When p <= q everywhere (rounding) it is p.
+func Deplete(dst, p, q []float32) []float32 {
+	if cap(dst) < len(p) {
+		dst = make([]float32, len(p))
+	}
+	dst = dst[:len(p)]
+	var total float64
+	for i, pi := range p {
+		total += max(0, float64(pi)-float64(q[i]))
+	}
+	if total <= 0 {
+		copy(dst, p)
+		return dst
+	}
+	for i, pi := range p {
+		dst[i] = float32(max(0, float64(pi)-float64(q[i])) / total)
+	}
+	return dst
+}
+
 // Draw samples from the distribution p (summing to about 1) with u.
 func Draw(p []float32, u float64) int32 {
 	var total float64
