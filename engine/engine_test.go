@@ -139,7 +139,7 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 	const d = 16 // NHead·HeadDim
 	var out []float32
 	for r, tok := range b.Tokens {
-		pos := b.Pos[r]
+		pos := b.RopePos(r)
 		x := make([]float32, d)
 		for i := range x {
 			x[i] = float32(math.Sin(float64(int(tok)*(i+1)) * 0.7))
@@ -160,6 +160,9 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 				x[i] += o[i]
 			}
 		}
+		if len(b.Hidden) == len(b.Tokens)*d {
+			copy(b.Hidden[r*d:(r+1)*d], x)
+		}
 		last := r == len(b.Tokens)-1
 		if b.Logits != nil {
 			last = b.Logits[r]
@@ -177,6 +180,9 @@ func (m *fakeModel) Forward(b *model.Batch, kv model.KVCache) ([]float32, error)
 	}
 	return out, nil
 }
+
+// HiddenSize makes the fake give hidden states (its residual stream).
+func (m *fakeModel) HiddenSize() int { return 16 }
 
 func startEngine(t *testing.T, fm *fakeModel, cfg Config) *Engine {
 	t.Helper()

@@ -47,10 +47,14 @@ type Req struct {
 	// states (after the output norm: the output head's input, NEmbd
 	// floats each) of the positions FeatFrom, FeatFrom+1, … of Tokens
 	// that the target computed and kept since this sequence's previous
-	// Propose (all of them, prompt included, on its first). The newest is
-	// that of position len(Tokens)-2, whose logits gave the last token.
-	// After Truncate(id, n) the next rows start at FeatFrom ≤ n. Read
-	// only, valid during the call.
+	// Propose; the newest is that of position len(Tokens)-2, whose logits
+	// gave the last token (or, when Features is empty, no new row came).
+	// Positions the target did not compute have none: a prompt's prefix
+	// served from the prefix cache, so FeatFrom may start past 0 on the
+	// first call, or past the rows seen so far after a recompute; the
+	// proposer goes on from the rows it has. After Truncate(id, n) the
+	// next rows start at FeatFrom ≤ n. Max may be 0: features only, no
+	// drafts wanted. Read only, valid during the call.
 	Features []float32
 	FeatFrom int
 }
