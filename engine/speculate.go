@@ -90,28 +90,13 @@ func (e *Engine) specTokens(r *request) int {
 // number of drafts the scheduler finds worth verifying.
 func (e *Engine) propose() {
 	sc := e.sch
-	var cands []draftCand
-	for _, s := range sc.running {
-		if s.finished || len(s.tokens)-s.numComputed != 1 || len(s.tokens) <= len(s.req.r.Prompt) {
-			continue // a prompt (or its recompute) is in flight
-		}
+	cands := sc.draftCands(func(s *sequence) int {
 		r := s.req
-		if r.r.N > 1 && !r.forked {
-			continue
-		}
-		max := e.specTokens(r)
 		c := &r.comps[s.index]
 		// Each verification yields at most max+1 tokens; drafts beyond
 		// max_tokens or the context would be wasted or out of range.
-		max = min(max, r.maxTokens-c.nOut-1, e.maxLen-len(s.tokens))
-		if max <= 0 {
-			continue
-		}
-		if s.spec == nil {
-			s.spec = &seqSpec{}
-		}
-		cands = append(cands, draftCand{seq: s, max: max, alpha: s.spec.acc.Rate()})
-	}
+		return min(e.specTokens(r), r.maxTokens-c.nOut-1, e.maxLen-len(s.tokens))
+	})
 	if e.ctl == nil && !e.cfg.Spec.Fixed && !e.cfg.Spec.Control.Off {
 		e.ctl = newSpecCtl(e.cfg.Spec.Control)
 	}
@@ -165,6 +150,30 @@ func (e *Engine) propose() {
 	for _, d := range cands {
 		d.seq.takeDraft(e.trees)
 	}
+}
+
+// draftCands are the running sequences that may carry drafts this step:
+// decoding (no prompt or recompute in flight), of a request that is not
+// about to fork, with room for at least one draft by limit.
+func (sc *scheduler) draftCands(limit func(*sequence) int) []draftCand {
+	var cands []draftCand
+	for _, s := range sc.running {
+		if s.finished || len(s.tokens)-s.numComputed != 1 || len(s.tokens) <= len(s.req.r.Prompt) {
+			continue // a prompt (or its recompute) is in flight
+		}
+		if s.req.r.N > 1 && !s.req.forked {
+			continue
+		}
+		max := limit(s)
+		if max <= 0 {
+			continue
+		}
+		if s.spec == nil {
+			s.spec = &seqSpec{}
+		}
+		cands = append(cands, draftCand{seq: s, max: max, alpha: s.spec.acc.Rate()})
+	}
+	return cands
 }
 
 // draftSampler is the sampler a proposer that samples uses for completion
