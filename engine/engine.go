@@ -300,9 +300,9 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		kv.Close()
 		return nil, err
 	}
-	var km kvManager = kv
+	var km kvManager = managerKV{kv}
 	if cfg.Spec.Proposer != nil {
-		km = specKV{kv, cfg.Spec.Proposer}
+		km = specKV{km, cfg.Spec.Proposer}
 	}
 	e := &Engine{
 		ex: ex, tok: tok, vocab: tok.Vocab(), cfg: cfg, kv: kv, m: m, sch: newScheduler(cfg, km), specMax: specMax, accept: spec.Accept,
@@ -514,7 +514,7 @@ func (e *Engine) poke() {
 // checkRequestPolicy refuses a request's own KV policy that the cache
 // cannot run or whose token counts exceed the context.
 func checkRequestPolicy(kv *kvcache.Cache, p kvcache.Policy, ctx int) error {
-	if err := kv.CheckPolicy(p); err != nil {
+	if err := kv.Policies.Check(p); err != nil {
 		return err
 	}
 	return kvcache.CheckContext(p, ctx)
@@ -553,7 +553,7 @@ func (e *Engine) validate(r *Request) (*request, error) {
 	}
 	maxLen := q.maxLen
 	kvTokens := e.kv.Pool().NumBlocks() * e.kv.BlockSize()
-	if peak := e.kv.MaxSeqBlocksFor(q.kvPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
+	if peak := e.kv.Policies.MaxSeqBlocks(q.kvPolicy, e.sch.maxChunk()); peak > 0 && peak <= e.kv.Pool().NumBlocks() {
 		// The window bounds what a sequence ever holds at once (the
 		// largest chunk included), so only the context limits it.
 		kvTokens = maxLen
@@ -604,7 +604,7 @@ func (e *Engine) bindPolicy(q *request) error {
 		// Past the context only where the engine's policy goes there
 		// too (the model checks positions against the cache's default)
 		// and the request's own keeps distances and blocks bounded.
-		if e.maxLen == c.ContextLen || e.kv.PositionLimitFor(p) == 0 || e.kv.MaxSeqBlocksFor(p, e.sch.maxChunk()) == 0 {
+		if e.maxLen == c.ContextLen || e.kv.Policies.PositionLimit(p) == 0 || e.kv.Policies.MaxSeqBlocks(p, e.sch.maxChunk()) == 0 {
 			q.maxLen = c.ContextLen
 		}
 	}

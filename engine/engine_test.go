@@ -287,7 +287,7 @@ func mustNoLeak(t *testing.T, e *Engine) {
 	if u.Used != 0 || u.Seqs != 0 || u.Free != u.Blocks {
 		t.Fatalf("blocks leaked: %+v", u)
 	}
-	if s, p := e.kv.BoundSeqs(); s != 0 || p != 0 {
+	if s, p := e.kv.Policies.Bound(); s != 0 || p != 0 {
 		t.Fatalf("%d sequences still bound to %d KV policies", s, p)
 	}
 }

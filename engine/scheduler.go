@@ -26,6 +26,12 @@ type kvManager interface {
 	Free(seq int32)
 }
 
+// managerKV is the KV cache as the scheduler's manager: binding a
+// sequence's policy is its policy router's.
+type managerKV struct{ *kvcache.Cache }
+
+func (m managerKV) Bind(seq int32, p kvcache.Policy) error { return m.Policies.Bind(seq, p) }
+
 // sequence is one completion as the scheduler sees it: numComputed chases
 // len(tokens) (plus len(draft) while drafting).
 type sequence struct {

@@ -50,7 +50,7 @@ func newSchedHarness(t *testing.T, cfg Config, blocks int, prefix bool) *schedHa
 	if cfg.MaxNumSeqs == 0 {
 		cfg.MaxNumSeqs = 64
 	}
-	return &schedHarness{sc: newScheduler(cfg, kv), kv: kv}
+	return &schedHarness{sc: newScheduler(cfg, managerKV{kv}), kv: kv}
 }
 
 func (h *schedHarness) submit(prompt []int32, n, maxTokens int) *request {
@@ -399,7 +399,7 @@ func TestSchedulerManagerNoStorage(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := &schedHarness{sc: newScheduler(Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 16}, kv), kv: kv}
+	h := &schedHarness{sc: newScheduler(Config{MaxNumSeqs: 8, MaxNumBatchedTokens: 16}, managerKV{kv}), kv: kv}
 	for k := range 6 {
 		prompt := make([]int32, 5+3*k)
 		for i := range prompt {

@@ -148,13 +148,8 @@ type Cache struct {
 	lossy  []bool       // per group: its policy drops positions on purpose
 	own    model.KVPlan // the plan Begin makes for a batch that carries none
 
-	// Policies per sequence (seqpolicy.go).
-	bound        map[int32]*seqPolicy  // sequences running a policy of their own
-	policies     map[string]*seqPolicy // attached, by configuration
-	defaultKey   string                // the routed groups' default policy
-	defaultNS    uint64                // its hash namespace past defaultExact (0: none)
-	defaultExact int
-	questShared  []*questState // per group: the per-sequence Quests' key bounds
+	// Policies is which policy each sequence runs (seqpolicy.go).
+	Policies *SeqPolicies
 }
 
 // New makes a KV manager over storage allocated for cfg.
@@ -203,7 +198,8 @@ func newCache(cfg Config, storage bool) (*Cache, error) {
 	}
 	// Attention's hooks (observers, selectors, shifters) run the policy
 	// each sequence is bound to.
-	c.Storage.route = func(gi int, seq int32) (Policy, bool) { return c.policyOf(gi, seq), c.lossyOf(gi, seq) }
+	c.Policies = &SeqPolicies{c: c}
+	c.Storage.route = func(gi int, seq int32) (Policy, bool) { return c.Policies.of(gi, seq), c.Policies.lossyOf(gi, seq) }
 	for gi, g := range groups {
 		if a, ok := g.Policy.(attacher); ok {
 			bound, err := a.attach(c, gi)
@@ -213,7 +209,7 @@ func newCache(cfg Config, storage bool) (*Cache, error) {
 			c.groups[gi].Policy = bound
 		}
 	}
-	c.initSeqPolicies()
+	c.Policies.init()
 	if l := cfg.Events; l != nil {
 		if l.BlockSize() != 0 {
 			return nil, fmt.Errorf("kvcache: the event log already serves another cache")
@@ -281,7 +277,7 @@ func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
 // sequence, after Bind; Free forgets it.
 func (c *Cache) NotePrompt(seq int32, n int) {
 	for gi := range c.groups {
-		if p, ok := c.policyOf(gi, seq).(prompter); ok {
+		if p, ok := c.Policies.of(gi, seq).(prompter); ok {
 			p.notePrompt(seq, n)
 		}
 	}
@@ -314,12 +310,12 @@ func (c *Cache) blocksFor(n int) int { return (n + c.bs - 1) / c.bs }
 // dead is the logical blocks of seq that no query at position next or
 // later attends in any layer group: what every group's policy releases.
 func (c *Cache) dead(seq int32, next int) []Span {
-	d := c.policyOf(0, seq).Release(seq, next, c.bs, nil)
+	d := c.Policies.of(0, seq).Release(seq, next, c.bs, nil)
 	for gi := 1; gi < len(c.groups); gi++ {
 		if len(d) == 0 {
 			break
 		}
-		d = intersect(d, c.policyOf(gi, seq).Release(seq, next, c.bs, nil))
+		d = intersect(d, c.Policies.of(gi, seq).Release(seq, next, c.bs, nil))
 	}
 	return d
 }
@@ -385,13 +381,13 @@ func (c *Cache) LookupSeq(seq int32, tokens []int32, extra uint64) []int32 {
 	var h uint64
 	limit := len(tokens) - 1
 	for gi := range c.groups {
-		if l, ok := c.policyOf(gi, seq).(hitLimiter); ok {
+		if l, ok := c.Policies.of(gi, seq).(hitLimiter); ok {
 			limit = min(limit, l.hitLimit(len(tokens)))
 		}
 	}
 	for i := 0; (i+1)*c.bs <= limit; i++ {
 		blk := tokens[i*c.bs : (i+1)*c.bs]
-		x := c.blockExtra(seq, i, extra)
+		x := c.Policies.blockExtra(seq, i, extra)
 		h = BlockHash(h, blk, x)
 		id, ok := c.pool.lookup(h, blk, x)
 		if !ok {
@@ -508,14 +504,14 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 		return
 	}
 	for gi := range c.groups {
-		if tr, ok := c.policyOf(gi, seq).(Tracker); ok {
+		if tr, ok := c.Policies.of(gi, seq).(Tracker); ok {
 			tr.Committed(seq, computed)
 		}
 	}
 	if c.cfg.PrefixCache {
 		n := min(computed, len(tokens))
 		for gi := range c.groups {
-			if s, ok := c.policyOf(gi, seq).(Sealer); ok {
+			if s, ok := c.Policies.of(gi, seq).(Sealer); ok {
 				n = min(n, s.Sealed(seq))
 			}
 		}
@@ -525,7 +521,7 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 				parent = t.hashes[i-1]
 			}
 			blk := tokens[i*c.bs : (i+1)*c.bs]
-			x := c.blockExtra(seq, i, extra)
+			x := c.Policies.blockExtra(seq, i, extra)
 			h := BlockHash(parent, blk, x)
 			t.hashes = append(t.hashes, h)
 			// A block released before it was registered (a prefix hit
@@ -543,7 +539,7 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 // Its policy state and its binding to a policy (Bind) go too.
 func (c *Cache) Free(seq int32) {
 	c.track(seq, func(tr Tracker) { tr.Truncated(seq, 0) })
-	c.unbind(seq)
+	c.Policies.unbind(seq)
 	t := c.tables[seq]
 	if t == nil {
 		return
@@ -578,11 +574,11 @@ func (c *Cache) Fork(parent, child int32) error {
 		}
 	}
 	c.tables[child] = t
-	if sp := c.bound[parent]; c.bound[child] != sp {
-		c.unbind(child)
+	if sp := c.Policies.bound[parent]; c.Policies.bound[child] != sp {
+		c.Policies.unbind(child)
 		if sp != nil {
 			sp.seqs++
-			c.bound[child] = sp
+			c.Policies.bound[child] = sp
 		}
 	}
 	c.track(parent, func(tr Tracker) { tr.Forked(parent, child) })
@@ -592,7 +588,7 @@ func (c *Cache) Fork(parent, child int32) error {
 // track calls fn for every group policy of seq that keeps per-sequence state.
 func (c *Cache) track(seq int32, fn func(Tracker)) {
 	for gi := range c.groups {
-		if tr, ok := c.policyOf(gi, seq).(Tracker); ok {
+		if tr, ok := c.Policies.of(gi, seq).(Tracker); ok {
 			fn(tr)
 		}
 	}

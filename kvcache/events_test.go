@@ -55,7 +55,7 @@ func TestNamespaceSeparatesBlocks(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := c.Bind(1, p); err != nil {
+		if err := c.Policies.Bind(1, p); err != nil {
 			t.Fatal(err)
 		}
 		if !c.Allocate(1, nil, 0, len(toks)) {
@@ -129,7 +129,7 @@ func mixedWorkload(t *testing.T, c *Cache, log *EventLog, steps int) {
 				}
 			}
 			if r.IntN(4) == 0 {
-				if err := c.Bind(next, stream); err != nil {
+				if err := c.Policies.Bind(next, stream); err != nil {
 					t.Fatal(err)
 				}
 			}

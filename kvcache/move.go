@@ -79,4 +79,3 @@ func (kv *Storage) MoveSlots(pairs []int32) error {
 	}
 	return nil
 }
-

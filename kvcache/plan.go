@@ -34,11 +34,11 @@ func (c *Cache) Begin(b *model.Batch) error {
 	for gi, g := range c.groups {
 		// Each policy that keeps state sizes it for its own sequences.
 		if sp, ok := g.Policy.(stepper); ok {
-			sp.beginStep(func(seq int32) bool { return !c.routed(gi) || c.bound[seq] == nil })
+			sp.beginStep(func(seq int32) bool { return !c.Policies.routed(gi) || c.Policies.bound[seq] == nil })
 		}
-		for _, bp := range c.policies {
-			if sp, ok := bp.groups[gi].(stepper); ok && c.routed(gi) {
-				sp.beginStep(func(seq int32) bool { return c.bound[seq] == bp })
+		for _, bp := range c.Policies.policies {
+			if sp, ok := bp.groups[gi].(stepper); ok && c.Policies.routed(gi) {
+				sp.beginStep(func(seq int32) bool { return c.Policies.bound[seq] == bp })
 			}
 		}
 	}
@@ -120,7 +120,7 @@ func (c *Cache) planSpans(gi int, pos, seq, parent []int32, dst *model.KVPlan) e
 			dst.SpanOff = append(dst.SpanOff, int32(len(dst.Spans)/2))
 			continue
 		}
-		pol := c.policyOf(gi, seq[i])
+		pol := c.Policies.of(gi, seq[i])
 		spans = pol.Visible(seq[i], int(p), spans[:0])
 		for k, s := range spans {
 			if s.From < 0 || s.To > int(p)+1 || s.From >= s.To || (k > 0 && s.From < spans[k-1].To) {

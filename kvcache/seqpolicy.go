@@ -11,7 +11,7 @@ import (
 // Decision: the cache keeps policy slots per sequence rather than a
 // routing Policy that dispatches on the sequence. Every place the cache
 // asks a group's policy something about a sequence (Begin, Attend, Commit,
-// Lookup, Allocate, Free, Truncate, Fork) asks policyOf(group, seq): the
+// Lookup, Allocate, Free, Truncate, Fork) asks Policies.of(group, seq): the
 // policy the sequence was bound to (Bind), or the group's own. A router
 // would have to implement every optional interface (ScoreObserver,
 // PageSelector, QueryShifter, Tracker, Sealer, the unexported ones) and
@@ -40,6 +40,19 @@ import (
 // Quest's per-block key bounds are stamped with the block's allocation, so
 // a Quest sequence recomputes the bounds of hit blocks a plain sequence
 // (or an earlier, dropped Quest instance) filled.
+
+// SeqPolicies is the cache's per-sequence policy router: which policy
+// each sequence runs (Bind), the attached policies and their state, and
+// what follows from them for the manager (hash namespaces, limits).
+type SeqPolicies struct {
+	c            *Cache
+	bound        map[int32]*seqPolicy  // sequences running a policy of their own
+	policies     map[string]*seqPolicy // attached, by configuration
+	defaultKey   string                // the routed groups' default policy
+	defaultNS    uint64                // its hash namespace past defaultExact (0: none)
+	defaultExact int
+	questShared  []*questState // per group: the key bounds per-sequence Quests share
+}
 
 // seqPolicy is one per-sequence policy attached to the cache.
 type seqPolicy struct {
@@ -82,27 +95,30 @@ func isFull(p Policy) bool {
 
 // routed reports whether group gi takes a sequence's own policy: the
 // groups that name none in the configuration.
-func (c *Cache) routed(gi int) bool {
+func (ps *SeqPolicies) routed(gi int) bool {
+	c := ps.c
 	return len(c.cfg.Groups) == 0 || c.cfg.Groups[gi].Policy == nil
 }
 
 // resolve is what p means for a routed group: FullPolicy is the cache's
 // policy without --kv-policy (the model's sliding window, if any).
-func (c *Cache) resolve(p Policy) Policy {
+func (ps *SeqPolicies) resolve(p Policy) Policy {
+	c := ps.c
 	if isFull(p) && c.cfg.Window > 0 {
 		return WindowPolicy{c.cfg.Window}
 	}
 	return p
 }
 
-// CheckPolicy reports whether sequences of this cache can run p (Bind
+// Check reports whether sequences of this cache can run p (Bind
 // would accept it): its settings are valid, and a policy that moves
 // positions has the model's rotary embedding.
-func (c *Cache) CheckPolicy(p Policy) error {
+func (ps *SeqPolicies) Check(p Policy) error {
+	c := ps.c
 	if p == nil {
 		return nil
 	}
-	p = c.resolve(p)
+	p = ps.resolve(p)
 	if ck, ok := p.(interface{ Check() error }); ok {
 		if err := ck.Check(); err != nil {
 			return err
@@ -117,7 +133,7 @@ func (c *Cache) CheckPolicy(p Policy) error {
 		return fmt.Errorf("kvcache: a window policy per sequence must be the model's own window (%d), not %d", c.cfg.Window, w.W)
 	}
 	for gi, g := range c.groups {
-		if !c.routed(gi) {
+		if !ps.routed(gi) {
 			continue
 		}
 		if _, ok := p.(QueryShifter); ok && (c.cfg.Rope == nil || c.cfg.Rope.HeadDim != g.KDim || 2*len(c.cfg.Rope.Freqs) > g.KDim) {
@@ -132,75 +148,78 @@ func (c *Cache) CheckPolicy(p Policy) error {
 // means no policy (the model's sliding window, if it has one). Bind a
 // sequence before its first Lookup or Allocate; a sequence holding blocks
 // cannot change its policy.
-func (c *Cache) Bind(seq int32, p Policy) error {
+func (ps *SeqPolicies) Bind(seq int32, p Policy) error {
+	c := ps.c
 	if p != nil {
-		if err := c.CheckPolicy(p); err != nil {
+		if err := ps.Check(p); err != nil {
 			return err
 		}
 	}
 	key := ""
 	if p != nil {
-		key = policyKey(c.resolve(p))
+		key = policyKey(ps.resolve(p))
 	}
-	if key == c.defaultKey {
+	if key == ps.defaultKey {
 		key = "" // the default itself: its slot, its state
 	}
-	old := c.bound[seq]
+	old := ps.bound[seq]
 	if (old == nil && key == "") || (old != nil && old.key == key) {
 		return nil
 	}
 	if t := c.tables[seq]; t != nil && len(t.blocks) > 0 {
 		return fmt.Errorf("kvcache: sequence %d holds blocks: its policy cannot change", seq)
 	}
-	c.unbind(seq)
+	ps.unbind(seq)
 	if key == "" {
 		return nil
 	}
-	sp := c.policies[key]
+	sp := ps.policies[key]
 	if sp == nil {
 		var err error
-		if sp, err = c.attachSeqPolicy(key, c.resolve(p)); err != nil {
+		if sp, err = ps.attach(key, ps.resolve(p)); err != nil {
 			return err
 		}
 	}
 	sp.seqs++
-	if c.bound == nil {
-		c.bound = map[int32]*seqPolicy{}
+	if ps.bound == nil {
+		ps.bound = map[int32]*seqPolicy{}
 	}
-	c.bound[seq] = sp
+	ps.bound[seq] = sp
 	return nil
 }
 
-// initSeqPolicies notes the default policy's key and namespace (New).
-func (c *Cache) initSeqPolicies() {
+// init notes the default policy's key and namespace (New).
+func (ps *SeqPolicies) init() {
+	c := ps.c
 	for gi, g := range c.groups {
-		if !c.routed(gi) {
+		if !ps.routed(gi) {
 			continue
 		}
-		c.defaultKey = policyKey(g.Policy)
-		c.defaultExact = math.MaxInt
+		ps.defaultKey = policyKey(g.Policy)
+		ps.defaultExact = math.MaxInt
 		if e, ok := g.Policy.(exacter); ok {
-			c.defaultExact = e.exactBelow()
-			c.defaultNS = namespace(c.defaultKey)
+			ps.defaultExact = e.exactBelow()
+			ps.defaultNS = namespace(ps.defaultKey)
 		}
 		return
 	}
-	c.defaultKey = "-" // nothing is routed: every binding is a no-op policy change
+	ps.defaultKey = "-" // nothing is routed: every binding is a no-op policy change
 }
 
-func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
+func (ps *SeqPolicies) attach(key string, p Policy) (*seqPolicy, error) {
+	c := ps.c
 	if _, ok := p.(attacher); ok && len(c.layers) == 0 {
 		return nil, fmt.Errorf("kvcache: policy %v keeps state that attention feeds: it needs the storage in this process", p)
 	}
 	sp := &seqPolicy{key: key, groups: make([]Policy, len(c.groups)), exact: math.MaxInt}
 	for gi, g := range c.groups {
 		sp.groups[gi] = g.Policy
-		if !c.routed(gi) {
+		if !ps.routed(gi) {
 			continue
 		}
 		b := p
 		if q, ok := p.(*QuestPolicy); ok {
-			b = c.sharedQuest(q, gi)
+			b = ps.sharedQuest(q, gi)
 		} else if a, ok := p.(attacher); ok {
 			var err error
 			if b, err = a.attach(c, gi); err != nil {
@@ -216,10 +235,10 @@ func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
 		sp.exact = e.exactBelow()
 		sp.ns = namespace(key)
 	}
-	if c.policies == nil {
-		c.policies = map[string]*seqPolicy{}
+	if ps.policies == nil {
+		ps.policies = map[string]*seqPolicy{}
 	}
-	c.policies[key] = sp
+	ps.policies[key] = sp
 	return sp, nil
 }
 
@@ -229,42 +248,45 @@ func (c *Cache) attachSeqPolicy(key string, p Policy) (*seqPolicy, error) {
 // the cache (about an eighth of an f16 cache's bytes), so requests
 // choosing many different Quest settings cost no more memory than one.
 // A Quest that is the cache's default keeps its own.
-func (c *Cache) sharedQuest(q *QuestPolicy, gi int) Policy {
-	if c.questShared == nil {
-		c.questShared = make([]*questState, len(c.groups))
+func (ps *SeqPolicies) sharedQuest(q *QuestPolicy, gi int) Policy {
+	c := ps.c
+	if ps.questShared == nil {
+		ps.questShared = make([]*questState, len(c.groups))
 	}
-	if c.questShared[gi] == nil {
+	if ps.questShared[gi] == nil {
 		all, _ := (&QuestPolicy{}).attach(c, gi)
-		c.questShared[gi] = all.(*QuestPolicy).st
+		ps.questShared[gi] = all.(*QuestPolicy).st
 	}
-	return &QuestPolicy{Budget: q.Budget, Dense: q.Dense, st: c.questShared[gi]}
+	return &QuestPolicy{Budget: q.Budget, Dense: q.Dense, st: ps.questShared[gi]}
 }
 
 // unbind drops seq's binding, and the policy with its state when no
 // sequence is left on it. The policy state of seq itself is gone already
 // (Free tells the policy first).
-func (c *Cache) unbind(seq int32) {
-	sp := c.bound[seq]
+func (ps *SeqPolicies) unbind(seq int32) {
+	sp := ps.bound[seq]
 	if sp == nil {
 		return
 	}
-	delete(c.bound, seq)
+	delete(ps.bound, seq)
 	if sp.seqs--; sp.seqs == 0 {
-		delete(c.policies, sp.key)
+		delete(ps.policies, sp.key)
 	}
 }
 
-// policyOf is the policy seq runs in group gi.
-func (c *Cache) policyOf(gi int, seq int32) Policy {
-	if sp := c.bound[seq]; sp != nil {
+// of is the policy seq runs in group gi.
+func (ps *SeqPolicies) of(gi int, seq int32) Policy {
+	c := ps.c
+	if sp := ps.bound[seq]; sp != nil {
 		return sp.groups[gi]
 	}
 	return c.groups[gi].Policy
 }
 
 // lossyOf reports whether seq's policy in group gi drops positions on purpose.
-func (c *Cache) lossyOf(gi int, seq int32) bool {
-	if sp := c.bound[seq]; sp != nil {
+func (ps *SeqPolicies) lossyOf(gi int, seq int32) bool {
+	c := ps.c
+	if sp := ps.bound[seq]; sp != nil {
 		l, ok := sp.groups[gi].(Lossy)
 		return ok && l.Lossy()
 	}
@@ -275,13 +297,14 @@ func (c *Cache) lossyOf(gi int, seq int32) bool {
 // block its position-driven policy computed over less than the full
 // history, extra in that policy's namespace (the cache's default policy
 // has one too, fixed at New, so hashes never depend on who is bound).
-func (c *Cache) blockExtra(seq int32, i int, extra uint64) uint64 {
-	sp := c.bound[seq]
+func (ps *SeqPolicies) blockExtra(seq int32, i int, extra uint64) uint64 {
+	c := ps.c
+	sp := ps.bound[seq]
 	if sp == nil {
-		if c.defaultNS == 0 || (i+1)*c.bs <= c.defaultExact {
+		if ps.defaultNS == 0 || (i+1)*c.bs <= ps.defaultExact {
 			return extra
 		}
-		return extra ^ c.defaultNS
+		return extra ^ ps.defaultNS
 	}
 	if sp.ns == 0 || (i+1)*c.bs <= sp.exact {
 		return extra
@@ -289,18 +312,19 @@ func (c *Cache) blockExtra(seq int32, i int, extra uint64) uint64 {
 	return extra ^ sp.ns
 }
 
-// BoundSeqs is the number of sequences bound to a policy of their own and
+// Bound is the number of sequences bound to a policy of their own and
 // the number of such policies attached (for leak checks: both return to 0
 // when every bound sequence is freed).
-func (c *Cache) BoundSeqs() (seqs, policies int) { return len(c.bound), len(c.policies) }
+func (ps *SeqPolicies) Bound() (seqs, policies int) { return len(ps.bound), len(ps.policies) }
 
-// PositionLimitFor is PositionLimit for a sequence running p (nil: the
+// PositionLimit is PositionLimit for a sequence running p (nil: the
 // default).
-func (c *Cache) PositionLimitFor(p Policy) int {
+func (ps *SeqPolicies) PositionLimit(p Policy) int {
+	c := ps.c
 	for gi, g := range c.groups {
 		q := g.Policy
-		if p != nil && c.routed(gi) {
-			q = c.resolve(p)
+		if p != nil && ps.routed(gi) {
+			q = ps.resolve(p)
 		}
 		if u, ok := q.(Unbounded); !ok || !u.Unbounded() {
 			return 0
@@ -309,14 +333,15 @@ func (c *Cache) PositionLimitFor(p Policy) int {
 	return math.MaxInt32
 }
 
-// MaxSeqBlocksFor is MaxSeqBlocks for a sequence running p (nil: the
+// MaxSeqBlocks is MaxSeqBlocks for a sequence running p (nil: the
 // default).
-func (c *Cache) MaxSeqBlocksFor(p Policy, chunk int) int {
+func (ps *SeqPolicies) MaxSeqBlocks(p Policy, chunk int) int {
+	c := ps.c
 	n := 0
 	for gi, g := range c.groups {
 		q := g.Policy
-		if p != nil && c.routed(gi) {
-			q = c.resolve(p)
+		if p != nil && ps.routed(gi) {
+			q = ps.resolve(p)
 		}
 		m := q.MaxBlocks(chunk, c.bs)
 		if m <= 0 {

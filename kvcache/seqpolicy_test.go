@@ -64,7 +64,7 @@ func simRun(t *testing.T, c *Cache, seqs []*simSeq) map[int32]simOut {
 	out := map[int32]simOut{}
 	done := map[int32]int{}
 	for _, s := range seqs {
-		if err := c.Bind(s.id, s.pol); err != nil {
+		if err := c.Policies.Bind(s.id, s.pol); err != nil {
 			t.Fatal(err)
 		}
 		c.NotePrompt(s.id, s.prompt)
@@ -169,10 +169,10 @@ func assertFreed(t *testing.T, c *Cache) {
 	if u := c.Usage(); u.Used != 0 || u.Seqs != 0 {
 		t.Fatalf("blocks leaked: %+v", u)
 	}
-	if s, p := c.BoundSeqs(); s != 0 || p != 0 {
+	if s, p := c.Policies.Bound(); s != 0 || p != 0 {
 		t.Fatalf("%d sequences still bound, %d policies attached", s, p)
 	}
-	for _, st := range c.questShared {
+	for _, st := range c.Policies.questShared {
 		if st != nil && len(st.seqs) != 0 {
 			t.Fatalf("shared quest state of %d sequences left", len(st.seqs))
 		}
@@ -291,13 +291,13 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 	if got := len(c.LookupSeq(2, toks, 0)); got != 2 {
 		t.Fatalf("a plain sequence hits %d blocks of a streaming one's, want 2 (the exact ones)", got)
 	}
-	if err := c.Bind(3, stream); err != nil {
+	if err := c.Policies.Bind(3, stream); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(c.LookupSeq(3, toks, 0)); got != (n-1)/simBS {
 		t.Fatalf("a streaming sequence hits %d blocks of another's, want %d", got, (n-1)/simBS)
 	}
-	if err := c.Bind(3, nil); err != nil {
+	if err := c.Policies.Bind(3, nil); err != nil {
 		t.Fatal(err)
 	}
 	c.Free(1)
@@ -306,7 +306,7 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 
 	// Plain then H2O and Quest on the same tokens.
 	simRun(t, c, []*simSeq{{id: 4, tokens: toks, prompt: prompt}})
-	if err := c.Bind(5, h2o); err != nil {
+	if err := c.Policies.Bind(5, h2o); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(c.LookupSeq(5, toks, 0)); got != 0 {
@@ -319,7 +319,7 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 	ref := simCache(t, quest, 128)
 	const qp = 24
 	want := simRun(t, ref, []*simSeq{{id: 1, tokens: toks, prompt: qp}})[1]
-	if err := c.Bind(6, quest); err != nil {
+	if err := c.Policies.Bind(6, quest); err != nil {
 		t.Fatal(err)
 	}
 	if got := len(c.LookupSeq(6, toks[:qp], 0)); got != (qp-1)/simBS {
@@ -333,7 +333,7 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 	if err := c.Fork(6, 8); err != nil {
 		t.Fatal(err)
 	}
-	if s, p := c.BoundSeqs(); s != 2 || p != 1 {
+	if s, p := c.Policies.Bound(); s != 2 || p != 1 {
 		t.Fatalf("after fork: %d bound, %d policies", s, p)
 	}
 	c.Free(6)
@@ -341,18 +341,18 @@ func TestSeqPolicyPrefixRules(t *testing.T) {
 	assertFreed(t, c)
 
 	// Per-sequence Quests of any settings share one table of key bounds.
-	c.Bind(10, quest)
-	c.Bind(11, NewQuest(4, 0))
-	if a, b := c.policyOf(0, 10).(*QuestPolicy), c.policyOf(0, 11).(*QuestPolicy); a.st != b.st || a.Budget == b.Budget {
+	c.Policies.Bind(10, quest)
+	c.Policies.Bind(11, NewQuest(4, 0))
+	if a, b := c.Policies.of(0, 10).(*QuestPolicy), c.Policies.of(0, 11).(*QuestPolicy); a.st != b.st || a.Budget == b.Budget {
 		t.Fatal("two quest settings do not share their key bounds")
 	}
 	c.Free(10)
 	c.Free(11)
 
 	// Binding a sequence that holds blocks to another policy fails.
-	c.Bind(9, quest)
+	c.Policies.Bind(9, quest)
 	c.Allocate(9, nil, 0, 4)
-	if err := c.Bind(9, h2o); err == nil {
+	if err := c.Policies.Bind(9, h2o); err == nil {
 		t.Fatal("a sequence holding blocks changed its policy")
 	}
 	c.Free(9)
@@ -366,11 +366,11 @@ func TestCheckPolicy(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range []Policy{StreamingPolicy{Sinks: 4, Window: 8}, WindowPolicy{W: 8}, NewQuest(0, 1), sinkPolicy{bs: 4, W: 4}} {
-		if err := c.Bind(1, p); err == nil {
+		if err := c.Policies.Bind(1, p); err == nil {
 			t.Errorf("bound %s", fmt.Sprint(p))
 		}
 	}
-	if s, n := c.BoundSeqs(); s != 0 || n != 0 {
+	if s, n := c.Policies.Bound(); s != 0 || n != 0 {
 		t.Fatalf("failed binds left %d, %d", s, n)
 	}
 }

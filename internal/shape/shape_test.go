@@ -19,7 +19,6 @@ var over = map[string]int{
 	"server.commonParams.toEngine":    109,
 	"kvcache.QuestPolicy.Select":      98,
 	"server.Server.handleChat":        96,
-	"kvcache.Cache":                   45,
 	"server.Server":                   34,
 }
 
