@@ -11,7 +11,9 @@ import (
 // explicit (a nil marks slice of in means its last row), so the slices'
 // logits, concatenated in row order, are in's. Rows of one sequence may
 // fall in two slices: run one after the other, the later rows find the
-// earlier ones' K/V stored, as within one step.
+// earlier ones' K/V stored, as within one step. The slot moves go with
+// the first slice (they precede every row), the rotary positions and the
+// hidden-state request with each.
 func (in *StepInput) Slice(lo, hi int) (*StepInput, error) {
 	if err := in.check(); err != nil {
 		return nil, err
@@ -20,7 +22,13 @@ func (in *StepInput) Slice(lo, hi int) (*StepInput, error) {
 	if lo < 0 || hi > T || lo >= hi {
 		return nil, fmt.Errorf("executor: rows [%d, %d) of a step of %d", lo, hi, T)
 	}
-	out := &StepInput{Tokens: in.Tokens[lo:hi], Pos: in.Pos[lo:hi], Seq: in.Seq[lo:hi], Logits: make([]bool, hi-lo)}
+	out := &StepInput{Tokens: in.Tokens[lo:hi], Pos: in.Pos[lo:hi], Seq: in.Seq[lo:hi], Logits: make([]bool, hi-lo), Hidden: in.Hidden}
+	if in.Rope != nil {
+		out.Rope = in.Rope[lo:hi]
+	}
+	if lo == 0 {
+		out.Moves = in.Moves
+	}
 	if in.Logits != nil {
 		copy(out.Logits, in.Logits[lo:hi])
 	} else if hi == T {
