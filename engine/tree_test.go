@@ -8,8 +8,10 @@ import (
 	"slices"
 	"testing"
 
+	"pagoda/kvcache"
 	"pagoda/sample"
 	"pagoda/spec"
+	"pagoda/tokenizer"
 )
 
 // treeOracle proposes random trees around reference continuations: at
@@ -315,4 +317,72 @@ func TestTreeCancelPreemptNoLeak(t *testing.T) {
 		t.Fatalf("preemptions %d, accepted %d: the load did not exercise both", st.Preemptions, st.SpecAccepted)
 	}
 	mustNoLeak(t, e)
+}
+
+// TestTreeStoriesGreedy: on the real model (RoPE by depth, the tree mask
+// over paged f32 and f16 KV, slot moves of real K/V rows, hidden states
+// from the model), greedy output with tree drafts is the output without
+// speculation, solo and batched under preemption.
+func TestTreeStoriesGreedy(t *testing.T) {
+	m := openStories(t)
+	tok := m.Tokenizer()
+	texts := []string{"Once upon a time", "The cat sat on the mat. The cat sat on the", "Lily and Ben went to the park. They saw a big dog", "One day", "Tom had a red ball. Tom had a red ball. Tom"}
+	var reqs []*Request
+	for i, s := range texts {
+		reqs = append(reqs, &Request{ID: fmt.Sprint(i), Prompt: tok.Encode(s, tokenizer.Options{AddSpecial: true}), MaxTokens: 24 + 4*i, IgnoreEOS: i%2 == 0})
+	}
+	alone := modelConfig(m)
+	alone.KVBlocks = 64
+	ea, err := New(m, tok, alone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ea.Start()
+	var want []result
+	for _, r := range reqs {
+		want = append(want, run(t, ea, r))
+	}
+	ea.Stop(context.Background())
+	for _, dt := range []kvcache.DType{kvcache.F32, kvcache.F16} {
+		for _, load := range []string{"solo", "concurrent"} {
+			o := newTreeOracle(refsOf(reqs, want), 0.75, false, 21)
+			o.dim = m.Config.NEmbd
+			cfg := modelConfig(m)
+			cfg.KVDType = dt
+			cfg.Spec = SpecConfig{Proposer: featOracle{o}, Tokens: 12, Fixed: true}
+			cfg.KVBlocks = 64
+			if load == "concurrent" {
+				cfg.KVBlocks, cfg.BlockSize, cfg.MaxNumBatchedTokens = 12, 8, 40
+			}
+			e, err := New(m, tok, cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !e.trees {
+				t.Fatalf("%v: trees not allowed", dt)
+			}
+			e.Start()
+			var got []result
+			if load == "solo" {
+				for _, r := range reqs {
+					got = append(got, run(t, e, r))
+				}
+			} else {
+				got = runAll(t, e, reqs)
+			}
+			e.Stop(context.Background())
+			for i := range reqs {
+				if fmt.Sprint(got[i].tokens, got[i].text) != fmt.Sprint(want[i].tokens, want[i].text) {
+					t.Fatalf("%v %s request %d: %v, without speculation %v", dt, load, i, got[i].tokens, want[i].tokens)
+				}
+			}
+			mustNoLeak(t, e)
+			st := e.Stats()
+			t.Logf("%v %s: steps %d, preemptions %d, accepted %d of %d nodes in %d verifications, feature rows %d",
+				dt, load, st.Steps, st.Preemptions, st.SpecAccepted, st.SpecDraftTokens, st.SpecDrafts, o.feats)
+			if st.SpecAccepted < st.SpecDrafts || (load == "concurrent" && st.Preemptions == 0) || o.feats == 0 {
+				t.Errorf("%v %s: accepted %d in %d verifications, preemptions %d, feature rows %d", dt, load, st.SpecAccepted, st.SpecDrafts, st.Preemptions, o.feats)
+			}
+		}
+	}
 }
