@@ -17,7 +17,6 @@ var over = map[string]int{
 	"server.Server.handleCompletions": 117,
 	"model.configFromGGUF":            83,
 	"server.commonParams.toEngine":    109,
-	"kvcache.QuestPolicy.Select":      98,
 	"server.Server.handleChat":        96,
 	"engine.Engine.propose":           85,
 	"kvcache.Cache":                   45,
