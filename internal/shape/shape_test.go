@@ -15,7 +15,6 @@ const (
 // grow, and nothing new may join it.
 var over = map[string]int{
 	"server.Server.handleCompletions": 117,
-	"server.commonParams.toEngine":    109,
 	"server.Server.handleChat":        96,
 	"engine.Engine.propose":           85,
 	"kvcache.Cache":                   45,
