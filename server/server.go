@@ -172,7 +172,7 @@ func New(b Backend, o Options) *Server {
 	ollamaAPI{s}.registerOllama(m)
 	anthropicAPI{s}.registerAnthropic(m)
 	kvEventsAPI{s}.registerKVEvents(m)
-	m.HandleFunc("/", s.noRoute)
+	m.HandleFunc("/", gate{s}.noRoute)
 	s.mux = m
 	return s
 }
@@ -188,7 +188,7 @@ func (s *Server) Handler() http.Handler {
 			s.httpLive.Inc()
 			defer s.httpLive.Dec()
 		}
-		if s.screen(rec, r) {
+		if (gate{s}).screen(rec, r) {
 			s.mux.ServeHTTP(rec, r)
 		}
 		if rec.status >= 500 {
