@@ -227,9 +227,23 @@ func (p *QuestPolicy) Select(layer int, seq int32, pos, kvHead int, q []float32,
 		sc = new(questScratch)
 	}
 	defer st.pool.Put(sc)
-	kd, li := st.kd, st.layer[layer]
+	sc.splitQuery(q, st.kd)
+	st.scoreBlocks(sc, st.layer[layer], kvHead, spans, ss.blocks, min(cur, qs.done))
+	k := max(p.Budget/bs, 1)
+	if k >= len(sc.blocks) {
+		return append(dst, spans...)
+	}
+	drop := sc.dropAfter(k, cur+1)
+	qs.seal(pos)
+	return keepBlocks(dst, spans, drop, bs)
+}
+
+// splitQuery lays out each query head of the group as q⁺ then q⁻ (the
+// positive and the negative entries, zeros elsewhere): q⁺ against a
+// block's maxima plus q⁻ against its minima is Σ max(qᵢ·maxᵢ, qᵢ·minᵢ),
+// one dot product with the bounds as stored.
+func (sc *questScratch) splitQuery(q []float32, kd int) {
 	group := len(q) / kd
-	// q⁺ against the maxima plus q⁻ against the minima is Σ max(qᵢ·maxᵢ, qᵢ·minᵢ).
 	sc.qq = append(sc.qq[:0], make([]float32, group*2*kd)...)
 	for g := 0; g < group; g++ {
 		for j, v := range q[g*kd : (g+1)*kd] {
@@ -240,26 +254,34 @@ func (p *QuestPolicy) Select(layer int, seq int32, pos, kvHead int, q []float32,
 			}
 		}
 	}
-	// Candidates: summarized full blocks some span reaches; the others
-	// (unsummarized, and the query's own) are always read.
+}
+
+// scoreBlocks fills sc.blocks and sc.score with the candidates: the
+// logical blocks below upto (summarized, and before the query's own) that
+// some span reaches, each scored by the highest bound over the group's
+// query heads. The others are always read.
+func (st *questState) scoreBlocks(sc *questScratch, li, kvHead int, spans []Span, table []int32, upto int) {
+	kd, bs := st.kd, st.c.bs
+	group := len(sc.qq) / (2 * kd)
 	sc.blocks, sc.score = sc.blocks[:0], sc.score[:0]
 	last := -1
 	for _, s := range spans {
-		for b := max(s.From/bs, last+1); b*bs < s.To && b < cur && b < qs.done; b++ {
-			id := int(ss.blocks[b])
+		for b := max(s.From/bs, last+1); b*bs < s.To && b < upto; b++ {
+			id := int(table[b])
 			bd := st.bounds[li][(id*st.nkv+kvHead)*2*kd : (id*st.nkv+kvHead+1)*2*kd]
 			best := float32(math.Inf(-1))
 			for g := 0; g < group; g++ {
-				best = max(best, c.ops.DotF32(sc.qq[g*2*kd:(g+1)*2*kd], bd))
+				best = max(best, st.c.ops.DotF32(sc.qq[g*2*kd:(g+1)*2*kd], bd))
 			}
 			sc.blocks, sc.score = append(sc.blocks, b), append(sc.score, best)
 			last = b
 		}
 	}
-	k := max(p.Budget/bs, 1)
-	if k >= len(sc.blocks) {
-		return append(dst, spans...)
-	}
+}
+
+// dropAfter ranks the candidates by score (ties to the earlier block) and
+// marks, in a mask over the first n logical blocks, those past the k best.
+func (sc *questScratch) dropAfter(k, n int) []bool {
 	sc.idx = sc.idx[:0]
 	for i := range sc.blocks {
 		sc.idx = append(sc.idx, i)
@@ -273,20 +295,31 @@ func (p *QuestPolicy) Select(layer int, seq int32, pos, kvHead int, q []float32,
 		}
 		return a - b
 	})
-	if cap(sc.drop) < cur+1 {
-		sc.drop = make([]bool, cur+1)
+	if cap(sc.drop) < n {
+		sc.drop = make([]bool, n)
 	}
-	drop := sc.drop[:cur+1]
+	drop := sc.drop[:n]
 	clear(drop)
 	for _, i := range sc.idx[k:] {
 		drop[sc.blocks[i]] = true
 	}
+	return drop
+}
+
+// seal lowers the sequence's sealed position to pos; layers and KV heads
+// select concurrently, so it is a compare-and-swap minimum.
+func (s *questSeq) seal(pos int) {
 	for {
-		old := qs.sealed.Load()
-		if int64(pos) >= old || qs.sealed.CompareAndSwap(old, int64(pos)) {
-			break
+		old := s.sealed.Load()
+		if int64(pos) >= old || s.sealed.CompareAndSwap(old, int64(pos)) {
+			return
 		}
 	}
+}
+
+// keepBlocks appends spans to dst without the dropped logical blocks
+// (blocks of bs positions), merging what stays adjacent.
+func keepBlocks(dst, spans []Span, drop []bool, bs int) []Span {
 	for _, sp := range spans {
 		for a := sp.From; a < sp.To; {
 			b := a / bs

@@ -257,17 +257,26 @@ func configFromGGUF(f *gguf.File) (*Config, error) {
 			return nil, err
 		}
 	}
-	if rf := f.Tensor("rope_freqs.weight"); rf != nil {
-		n := c.RopeDim / 2
-		if rf.Type != quant.F32 || len(rf.Data) < 4*n {
-			return nil, fmt.Errorf("tensor \"rope_freqs.weight\": want %d F32 values", n)
-		}
-		c.RopeFreqs = make([]float32, n)
-		if err := quant.Dequantize(quant.F32, rf.Data[:4*n], c.RopeFreqs); err != nil {
-			return nil, err
-		}
+	if err := c.ropeFreqsFromGGUF(f); err != nil {
+		return nil, err
 	}
 	return c, c.Validate()
+}
+
+// ropeFreqsFromGGUF reads the per-dimension RoPE frequency factors
+// (Llama 3.1's long-context scaling) when the file carries them; it runs
+// after setArch, which fixes RopeDim.
+func (c *Config) ropeFreqsFromGGUF(f *gguf.File) error {
+	rf := f.Tensor("rope_freqs.weight")
+	if rf == nil {
+		return nil
+	}
+	n := c.RopeDim / 2
+	if rf.Type != quant.F32 || len(rf.Data) < 4*n {
+		return fmt.Errorf("tensor \"rope_freqs.weight\": want %d F32 values", n)
+	}
+	c.RopeFreqs = make([]float32, n)
+	return quant.Dequantize(quant.F32, rf.Data[:4*n], c.RopeFreqs)
 }
 
 // optionalFromGGUF reads the keys that have defaults: head layout, RoPE,

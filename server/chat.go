@@ -121,7 +121,7 @@ func (s *Server) chatPrompt(msgs []chatMessageIn, addGen *bool, tools []json.Raw
 	return ids, nil
 }
 
-func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
+func (s completionsAPI) handleChat(w http.ResponseWriter, r *http.Request) {
 	var req chatRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		writeAPIError(w, ae)
@@ -133,24 +133,9 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.templateHeader(w)
-	if !s.admit(w) {
-		return
-	}
-	defer s.release()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
 	reqs := []*engine.Request{er}
-	events, err := s.submitAll(engine.WithShowTokens(ctx, s.markerTokens(format)...), cancel, reqs)
-	if err != nil {
-		writeAPIError(w, submitError(err))
-		return
-	}
-	c := &chatRun{s: s, id: er.ID, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs), tools: format}
-	if req.Stream {
-		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
-	} else {
-		c.collect(ctx, w, events)
-	}
+	c := &chatRun{s: s.Server, id: er.ID, created: time.Now().Unix(), n: er.N, logprobs: er.Logprobs, usage: newUsageSum(reqs), tools: format}
+	s.generate(w, r, &req.commonParams, reqs, s.markerTokens(format), c)
 }
 
 // prepareChat validates a chat request and builds the engine request:

@@ -107,53 +107,71 @@ func parsePrompt(raw json.RawMessage) ([]promptItem, *apiError) {
 	return out, nil
 }
 
-func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
+func (s completionsAPI) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	var req completionRequest
 	if ae := decodeBody(r, &req); ae != nil {
 		writeAPIError(w, ae)
 		return
 	}
-	if ae := s.checkModel(req.Model); ae != nil {
-		writeAPIError(w, ae)
-		return
-	}
-	if req.Suffix != nil && *req.Suffix != "" {
-		writeAPIError(w, badRequest("suffix", "suffix is not supported"))
-		return
-	}
-	lim := s.limits()
-	base, ae := req.toEngine(lim)
+	base, prompts, ae := s.prepareCompletion(r.Context(), &req)
 	if ae != nil {
 		writeAPIError(w, ae)
 		return
 	}
-	if base.Constraint, ae = s.constraint(r.Context(), req.ResponseFormat); ae != nil {
+	id := newID("cmpl-")
+	reqs, ae := s.completionRequests(&req, base, prompts, id)
+	if ae != nil {
 		writeAPIError(w, ae)
 		return
 	}
+	c := &completionRun{s: s.Server, id: id, created: time.Now().Unix(), n: base.N, prompts: prompts,
+		echo: req.Echo, logprobs: base.Logprobs, promptLP: base.PromptLogprobs, usage: newUsageSum(reqs)}
+	s.generate(w, r, &req.commonParams, reqs, nil, c)
+}
+
+// prepareCompletion validates a completions request into the engine
+// request its prompts share and the prompts as parsed (not tokenized).
+func (s completionsAPI) prepareCompletion(ctx context.Context, req *completionRequest) (*engine.Request, []promptItem, *apiError) {
+	if ae := s.checkModel(req.Model); ae != nil {
+		return nil, nil, ae
+	}
+	if req.Suffix != nil && *req.Suffix != "" {
+		return nil, nil, badRequest("suffix", "suffix is not supported")
+	}
+	lim := s.limits()
+	base, ae := req.toEngine(lim)
+	if ae != nil {
+		return nil, nil, ae
+	}
+	if base.Constraint, ae = s.constraint(ctx, req.ResponseFormat); ae != nil {
+		return nil, nil, ae
+	}
 	if req.Logprobs != nil {
 		if *req.Logprobs < 0 || *req.Logprobs > lim.maxLogprobs {
-			writeAPIError(w, badRequest("logprobs", "logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.Logprobs))
-			return
+			return nil, nil, badRequest("logprobs", "logprobs must be in [0, %d], got %d", lim.maxLogprobs, *req.Logprobs)
 		}
 		// Echo with logprobs scores the prompt too, as vLLM does.
 		base.Logprobs, base.TopLogprobs, base.PromptLogprobs = true, *req.Logprobs, req.Echo
 	}
 	prompts, ae := parsePrompt(req.Prompt)
 	if ae != nil {
-		writeAPIError(w, ae)
-		return
+		return nil, nil, ae
 	}
 	if s.o.MaxWaiting > 0 && len(prompts) > s.o.MaxWaiting {
 		// Each prompt is one engine request; more than the queue holds
 		// would be refused (429) however long the client waited.
-		writeAPIError(w, badRequest("prompt", "%d prompts exceed the server's waiting-queue capacity of %d requests; send them in smaller batches", len(prompts), s.o.MaxWaiting))
-		return
+		return nil, nil, badRequest("prompt", "%d prompts exceed the server's waiting-queue capacity of %d requests; send them in smaller batches", len(prompts), s.o.MaxWaiting)
 	}
 	if len(prompts)*base.N > maxChoices {
-		writeAPIError(w, badRequest("prompt", "%d prompts × n = %d asks for more than %d completions in one request", len(prompts), base.N, maxChoices))
-		return
+		return nil, nil, badRequest("prompt", "%d prompts × n = %d asks for more than %d completions in one request", len(prompts), base.N, maxChoices)
 	}
+	return base, prompts, nil
+}
+
+// completionRequests makes one engine request per prompt from base, with
+// its own id and token budget. It fills in each prompt's ids (and, for
+// token prompts echoed, its text), which the reply reads.
+func (s completionsAPI) completionRequests(req *completionRequest, base *engine.Request, prompts []promptItem, id string) ([]*engine.Request, *apiError) {
 	// echo with max_tokens 0 returns the prompt (and its logprobs) alone,
 	// as OpenAI's legacy completions and vLLM do: evaluation harnesses
 	// score text this way.
@@ -162,25 +180,14 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 	if req.AddSpecialTokens != nil {
 		addSpecial = *req.AddSpecialTokens
 	}
-	id := newID("cmpl-")
 	reqs := make([]*engine.Request, len(prompts))
 	for i := range prompts {
 		p := &prompts[i]
-		if p.hasText {
-			p.ids = s.b.Tokenize(p.text, addSpecial)
-		} else {
-			if ae := s.checkPromptIDs(p.ids, p.where); ae != nil {
-				ae.Param = "prompt"
-				writeAPIError(w, ae)
-				return
-			}
-			if req.Echo {
-				p.text = s.b.Detokenize(p.ids)
-			}
+		if ae := s.tokenizePrompt(p, addSpecial, req.Echo); ae != nil {
+			return nil, ae
 		}
 		if len(p.ids) == 0 {
-			writeAPIError(w, badRequest("prompt", "prompt %d is empty after tokenization", i))
-			return
+			return nil, badRequest("prompt", "prompt %d is empty after tokenization", i)
 		}
 		er := *base
 		er.ID = id
@@ -199,30 +206,28 @@ func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) {
 		}
 		if ae := s.setMaxTokens(&er, limits, 16, "max_tokens"); ae != nil {
 			ae.Param = strings.Replace(ae.Param, "messages", "prompt", 1)
-			writeAPIError(w, ae)
-			return
+			return nil, ae
 		}
 		reqs[i] = &er
 	}
+	return reqs, nil
+}
 
-	if !s.admit(w) {
-		return
+// tokenizePrompt gives a text prompt its ids; a token prompt's ids are
+// checked against the vocabulary, and decoded when the reply echoes them.
+func (s completionsAPI) tokenizePrompt(p *promptItem, addSpecial, echo bool) *apiError {
+	if p.hasText {
+		p.ids = s.b.Tokenize(p.text, addSpecial)
+		return nil
 	}
-	defer s.release()
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	events, err := s.submitAll(ctx, cancel, reqs)
-	if err != nil {
-		writeAPIError(w, submitError(err))
-		return
+	if ae := s.checkPromptIDs(p.ids, p.where); ae != nil {
+		ae.Param = "prompt"
+		return ae
 	}
-	c := &completionRun{s: s, id: id, created: time.Now().Unix(), n: base.N, prompts: prompts,
-		echo: req.Echo, logprobs: base.Logprobs, promptLP: base.PromptLogprobs, usage: newUsageSum(reqs)}
-	if req.Stream {
-		c.stream(ctx, w, events, req.StreamOptions != nil && req.StreamOptions.IncludeUsage)
-	} else {
-		c.collect(ctx, w, events)
+	if echo {
+		p.text = s.b.Detokenize(p.ids)
 	}
+	return nil
 }
 
 type completionRun struct {

@@ -59,6 +59,35 @@ func (s *Server) submitAll(ctx context.Context, cancel context.CancelFunc, reqs 
 	return out, nil
 }
 
+// answerer writes a generation's reply from its events: whole at the
+// end, or as server-sent events as they come.
+type answerer interface {
+	collect(ctx context.Context, w http.ResponseWriter, events <-chan tagged)
+	stream(ctx context.Context, w http.ResponseWriter, events <-chan tagged, includeUsage bool)
+}
+
+// generate admits the requests, submits them (show: the special tokens
+// the reply must keep in its text) and answers through a, streaming when
+// the client asked.
+func (s completionsAPI) generate(w http.ResponseWriter, r *http.Request, p *commonParams, reqs []*engine.Request, show []int32, a answerer) {
+	if !s.admit(w) {
+		return
+	}
+	defer s.release()
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	events, err := s.submitAll(engine.WithShowTokens(ctx, show...), cancel, reqs)
+	if err != nil {
+		writeAPIError(w, submitError(err))
+		return
+	}
+	if p.Stream {
+		a.stream(ctx, w, events, p.StreamOptions != nil && p.StreamOptions.IncludeUsage)
+	} else {
+		a.collect(ctx, w, events)
+	}
+}
+
 func drain[T any](ch <-chan T) {
 	for range ch {
 	}

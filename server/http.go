@@ -31,17 +31,21 @@ func (o *Options) setTimeouts() {
 	}
 }
 
+// gate is the way in ahead of the routes: the checks every request
+// passes before routing and the answer when no route matches.
+type gate struct{ *Server }
+
 // screen applies the checks every request passes before routing: Host
 // (DNS rebinding), CORS, Content-Type and the body read under its own
 // deadline. false means it has answered.
-func (s *Server) screen(w *statusRecorder, r *http.Request) bool {
-	if s.loopback.Load() && !s.hostAllowed(r.Host) {
+func (s gate) screen(w *statusRecorder, r *http.Request) bool {
+	if s.loopback.Load() && !s.o.hostAllowed(r.Host) {
 		writeErrorAt(w, r.URL.Path, &apiError{Status: http.StatusForbidden, Type: "invalid_request_error",
 			Message: fmt.Sprintf("Host %q is not allowed for a server on loopback (allow it with --allowed-hosts)", r.Host)})
 		return false
 	}
 	origin := r.Header.Get("Origin")
-	okOrigin := origin != "" && s.originAllowed(origin)
+	okOrigin := origin != "" && s.o.originAllowed(origin)
 	if okOrigin {
 		h := w.Header()
 		h.Add("Vary", "Origin")
@@ -88,7 +92,7 @@ func (s *Server) screen(w *statusRecorder, r *http.Request) bool {
 // readBody reads the whole body under BodyReadTimeout and then lifts the
 // read deadline: the server's background read that notices a vanished
 // client must not time out during a long generation.
-func (s *Server) readBody(w *statusRecorder, r *http.Request) bool {
+func (s gate) readBody(w *statusRecorder, r *http.Request) bool {
 	_ = w.rc.SetReadDeadline(time.Now().Add(s.o.BodyReadTimeout))
 	b, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.o.MaxBodyBytes))
 	if err != nil {
@@ -116,9 +120,9 @@ func (s *Server) readBody(w *statusRecorder, r *http.Request) bool {
 	return true
 }
 
-func (s *Server) originAllowed(origin string) bool {
-	for _, o := range s.o.AllowedOrigins {
-		if o == "*" || strings.EqualFold(strings.TrimSuffix(o, "/"), origin) {
+func (o *Options) originAllowed(origin string) bool {
+	for _, a := range o.AllowedOrigins {
+		if a == "*" || strings.EqualFold(strings.TrimSuffix(a, "/"), origin) {
 			return true
 		}
 	}
@@ -127,7 +131,7 @@ func (s *Server) originAllowed(origin string) bool {
 
 // hostAllowed accepts the loopback names (a page on another name that
 // resolves to 127.0.0.1 is a DNS-rebinding attack) and the operator's.
-func (s *Server) hostAllowed(host string) bool {
+func (o *Options) hostAllowed(host string) bool {
 	if host == "" {
 		return true // HTTP/1.0 without Host: not a browser
 	}
@@ -140,7 +144,7 @@ func (s *Server) hostAllowed(host string) bool {
 	case "localhost", "127.0.0.1", "::1":
 		return true
 	}
-	for _, a := range s.o.AllowedHosts {
+	for _, a := range o.AllowedHosts {
 		if a == "*" || strings.EqualFold(strings.Trim(a, "[]"), name) {
 			return true
 		}
@@ -155,7 +159,7 @@ func isLoopback(a net.Addr) bool {
 
 // noRoute answers a request no route matched: 405 with Allow when the
 // path exists under another method, 404 otherwise.
-func (s *Server) noRoute(w http.ResponseWriter, r *http.Request) {
+func (s gate) noRoute(w http.ResponseWriter, r *http.Request) {
 	var allow []string
 	for _, m := range []string{http.MethodGet, http.MethodPost} {
 		probe := r.Clone(r.Context())

@@ -62,74 +62,12 @@ func (s *Server) limits() limits {
 func finite(x float64) bool { return !math.IsNaN(x) && !math.IsInf(x, 0) }
 
 // toEngine validates the shared fields and fills the engine request (all
-// but the prompt and max tokens). defaultTemp is OpenAI's default, 1.
+// but the prompt and max tokens).
 func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
 	r := &engine.Request{N: 1, IgnoreEOS: p.IgnoreEOS, CacheSalt: p.CacheSalt}
-	sp := sample.Params{Temperature: 1}
-	if p.Temperature != nil {
-		t := *p.Temperature
-		if !finite(t) || t < 0 || t > 2 {
-			return nil, badRequest("temperature", "temperature must be in [0, 2], got %v", t)
-		}
-		sp.Temperature = float32(t)
-	}
-	if p.TopP != nil {
-		t := *p.TopP
-		if !finite(t) || t <= 0 || t > 1 {
-			return nil, badRequest("top_p", "top_p must be in (0, 1], got %v", t)
-		}
-		sp.TopP = float32(t)
-	}
-	if p.TopK != nil {
-		k := *p.TopK
-		if k < -1 {
-			return nil, badRequest("top_k", "top_k must be -1 (off), 0 (off) or at least 1, got %d", k)
-		}
-		sp.TopK = max(k, 0)
-	}
-	if p.MinP != nil {
-		m := *p.MinP
-		if !finite(m) || m < 0 || m > 1 {
-			return nil, badRequest("min_p", "min_p must be in [0, 1], got %v", m)
-		}
-		sp.MinP = float32(m)
-	}
-	if p.RepetitionPenalty != nil {
-		rp := *p.RepetitionPenalty
-		if !finite(rp) || rp <= 0 || rp > 2 {
-			return nil, badRequest("repetition_penalty", "repetition_penalty must be in (0, 2], got %v", rp)
-		}
-		sp.RepetitionPenalty = float32(rp)
-	}
-	if p.FrequencyPenalty != nil {
-		f := *p.FrequencyPenalty
-		if !finite(f) || f < -2 || f > 2 {
-			return nil, badRequest("frequency_penalty", "frequency_penalty must be in [-2, 2], got %v", f)
-		}
-		sp.FrequencyPenalty = float32(f)
-	}
-	if p.PresencePenalty != nil {
-		f := *p.PresencePenalty
-		if !finite(f) || f < -2 || f > 2 {
-			return nil, badRequest("presence_penalty", "presence_penalty must be in [-2, 2], got %v", f)
-		}
-		sp.PresencePenalty = float32(f)
-	}
-	if p.Seed != nil {
-		sp.Seed, sp.HasSeed = uint64(*p.Seed), true
-	}
-	if len(p.LogitBias) > 0 {
-		sp.LogitBias = make(map[int32]float32, len(p.LogitBias))
-		for k, v := range p.LogitBias {
-			id, err := strconv.ParseInt(k, 10, 32)
-			if err != nil || id < 0 || (l.vocab > 0 && id >= int64(l.vocab)) {
-				return nil, badRequest("logit_bias", "logit_bias key %q is not a token id%s", k, vocabHint(l.vocab))
-			}
-			if !finite(v) || v < -100 || v > 100 {
-				return nil, badRequest("logit_bias", "logit_bias value for token %s must be in [-100, 100], got %v", k, v)
-			}
-			sp.LogitBias[int32(id)] = float32(v)
-		}
+	sp, ae := p.sampling(l.vocab)
+	if ae != nil {
+		return nil, ae
 	}
 	r.Sampling = sp
 	pol, kerr := parseKVPolicy(p.KVPolicy)
@@ -156,21 +94,103 @@ func (p *commonParams) toEngine(l limits) (*engine.Request, *apiError) {
 	if p.BestOf != nil && *p.BestOf != r.N {
 		return nil, badRequest("best_of", "best_of other than n is not supported")
 	}
-	stops, ae := parseStop(p.Stop)
-	if ae != nil {
+	if ae := p.stops(r, l.vocab); ae != nil {
 		return nil, ae
-	}
-	r.StopStrings = stops
-	for _, id := range p.StopTokenIDs {
-		if id < 0 || id > math.MaxInt32 || (l.vocab > 0 && id >= int64(l.vocab)) {
-			return nil, badRequest("stop_token_ids", "stop_token_ids: %d is not a token id%s", id, vocabHint(l.vocab))
-		}
-		r.StopTokens = append(r.StopTokens, int32(id))
 	}
 	if p.StreamOptions != nil && !p.Stream {
 		return nil, badRequest("stream_options", "stream_options is only allowed when stream is true")
 	}
 	return r, nil
+}
+
+// sampling validates the sampler's fields, in the order their errors
+// have always been reported; the temperature defaults to OpenAI's 1.
+func (p *commonParams) sampling(vocab int) (sample.Params, *apiError) {
+	sp := sample.Params{Temperature: 1}
+	if ae := floatIn("temperature", p.Temperature, &sp.Temperature, 0, 2, false); ae != nil {
+		return sp, ae
+	}
+	if ae := floatIn("top_p", p.TopP, &sp.TopP, 0, 1, true); ae != nil {
+		return sp, ae
+	}
+	if p.TopK != nil {
+		k := *p.TopK
+		if k < -1 {
+			return sp, badRequest("top_k", "top_k must be -1 (off), 0 (off) or at least 1, got %d", k)
+		}
+		sp.TopK = max(k, 0)
+	}
+	if ae := floatIn("min_p", p.MinP, &sp.MinP, 0, 1, false); ae != nil {
+		return sp, ae
+	}
+	if ae := floatIn("repetition_penalty", p.RepetitionPenalty, &sp.RepetitionPenalty, 0, 2, true); ae != nil {
+		return sp, ae
+	}
+	if ae := floatIn("frequency_penalty", p.FrequencyPenalty, &sp.FrequencyPenalty, -2, 2, false); ae != nil {
+		return sp, ae
+	}
+	if ae := floatIn("presence_penalty", p.PresencePenalty, &sp.PresencePenalty, -2, 2, false); ae != nil {
+		return sp, ae
+	}
+	if p.Seed != nil {
+		sp.Seed, sp.HasSeed = uint64(*p.Seed), true
+	}
+	var ae *apiError
+	sp.LogitBias, ae = logitBias(p.LogitBias, vocab)
+	return sp, ae
+}
+
+// floatIn checks an optional sampling field against [lo, hi], or (lo, hi]
+// when openLo (0 is no valid top_p or repetition_penalty), and stores it.
+func floatIn(name string, v *float64, dst *float32, lo, hi float64, openLo bool) *apiError {
+	if v == nil {
+		return nil
+	}
+	t := *v
+	if !finite(t) || t < lo || t > hi || (openLo && t == lo) {
+		open := "["
+		if openLo {
+			open = "("
+		}
+		return badRequest(name, "%s must be in %s%v, %v], got %v", name, open, lo, hi, t)
+	}
+	*dst = float32(t)
+	return nil
+}
+
+// logitBias checks the token ids and values of a logit_bias object.
+func logitBias(in map[string]float64, vocab int) (map[int32]float32, *apiError) {
+	if len(in) == 0 {
+		return nil, nil
+	}
+	out := make(map[int32]float32, len(in))
+	for k, v := range in {
+		id, err := strconv.ParseInt(k, 10, 32)
+		if err != nil || id < 0 || (vocab > 0 && id >= int64(vocab)) {
+			return nil, badRequest("logit_bias", "logit_bias key %q is not a token id%s", k, vocabHint(vocab))
+		}
+		if !finite(v) || v < -100 || v > 100 {
+			return nil, badRequest("logit_bias", "logit_bias value for token %s must be in [-100, 100], got %v", k, v)
+		}
+		out[int32(id)] = float32(v)
+	}
+	return out, nil
+}
+
+// stops validates stop and stop_token_ids into r.
+func (p *commonParams) stops(r *engine.Request, vocab int) *apiError {
+	stops, ae := parseStop(p.Stop)
+	if ae != nil {
+		return ae
+	}
+	r.StopStrings = stops
+	for _, id := range p.StopTokenIDs {
+		if id < 0 || id > math.MaxInt32 || (vocab > 0 && id >= int64(vocab)) {
+			return badRequest("stop_token_ids", "stop_token_ids: %d is not a token id%s", id, vocabHint(vocab))
+		}
+		r.StopTokens = append(r.StopTokens, int32(id))
+	}
+	return nil
 }
 
 func vocabHint(vocab int) string {

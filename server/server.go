@@ -154,8 +154,9 @@ func New(b Backend, o Options) *Server {
 	s.registerMetrics()
 
 	m := http.NewServeMux()
-	m.HandleFunc("POST /v1/completions", s.auth(s.handleCompletions))
-	m.HandleFunc("POST /v1/chat/completions", s.auth(s.handleChat))
+	gen := completionsAPI{s}
+	m.HandleFunc("POST /v1/completions", s.auth(gen.handleCompletions))
+	m.HandleFunc("POST /v1/chat/completions", s.auth(gen.handleChat))
 	models, tok := modelsAPI{s}, tokenizeAPI{s}
 	m.HandleFunc("GET /v1/models", s.auth(models.handleModels))
 	m.HandleFunc("GET /v1/models/{id...}", s.auth(models.handleModel))
@@ -171,7 +172,7 @@ func New(b Backend, o Options) *Server {
 	ollamaAPI{s}.registerOllama(m)
 	anthropicAPI{s}.registerAnthropic(m)
 	kvEventsAPI{s}.registerKVEvents(m)
-	m.HandleFunc("/", s.noRoute)
+	m.HandleFunc("/", gate{s}.noRoute)
 	s.mux = m
 	return s
 }
@@ -187,7 +188,7 @@ func (s *Server) Handler() http.Handler {
 			s.httpLive.Inc()
 			defer s.httpLive.Dec()
 		}
-		if s.screen(rec, r) {
+		if (gate{s}).screen(rec, r) {
 			s.mux.ServeHTTP(rec, r)
 		}
 		if rec.status >= 500 {
@@ -574,4 +575,7 @@ type (
 	webAPI       struct{ *Server }
 	modelsAPI    struct{ *Server }
 	kvEventsAPI  struct{ *Server }
+	// completionsAPI is OpenAI's generation: /v1/completions and
+	// /v1/chat/completions.
+	completionsAPI struct{ *Server }
 )
