@@ -14,9 +14,9 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
-	"math"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -37,16 +37,22 @@ type Mesh struct {
 	mu  sync.Mutex
 	err error
 
-	bufs [][]float32 // received, by rank
+	// wire is the form of the payloads (WireF32 unless SetWire); out is
+	// this rank's payload, encoded once for every peer.
+	wire codec
+	out  []byte
+	sent atomic.Int64  // payload and header bytes written to the peers
+	also *atomic.Int64 // counts them too, when set (Worker.Sent)
+	bufs [][]float32   // received, by rank
 	sum  []float32
 }
 
 type peer struct {
-	c   net.Conn
-	r   *bufio.Reader
-	w   *bufio.Writer
-	out []byte
-	in  []byte
+	c  net.Conn
+	r  *bufio.Reader
+	w  *bufio.Writer
+	in []byte
+	c2 codec // decodes this peer's payloads
 }
 
 // opTimeout bounds one exchange: a rank that stops answering (killed,
@@ -64,6 +70,16 @@ func NewMesh(rank int, conns []net.Conn) *Mesh {
 	}
 	return m
 }
+
+// SetWire sets the form the payloads travel in. Every rank of the group
+// must use the same (the coordinator's hello says which); a message in
+// another form fails the exchange.
+func (m *Mesh) SetWire(d WireDType) {
+	m.wire.d = d
+}
+
+// Sent is the bytes this rank has written to the other ranks.
+func (m *Mesh) Sent() int64 { return m.sent.Load() }
 
 // Err is the first failure of an exchange, if any.
 func (m *Mesh) Err() error {
@@ -94,9 +110,12 @@ func (m *Mesh) Close() {
 
 // AllReduce sums x over the ranks in place.
 func (m *Mesh) AllReduce(_ int, x []float32) {
-	if !m.exchange('R', x) {
+	if !m.exchange('R', x, &m.wire) {
 		return
 	}
+	// The others received this rank's values rounded to the wire form:
+	// sum the same numbers here.
+	m.wire.round(x)
 	m.sum = grow(m.sum, len(x))
 	clear(m.sum)
 	for r := 0; r < m.ranks; r++ {
@@ -114,9 +133,10 @@ func (m *Mesh) AllReduce(_ int, x []float32) {
 // AllGather concatenates the ranks' columns of part, row by row, into
 // full, in rank order.
 func (m *Mesh) AllGather(_ int, part, full []float32, rows int) {
-	if !m.exchange('G', part) || rows == 0 {
+	if !m.exchange('G', part, &m.wire) || rows == 0 {
 		return
 	}
+	m.wire.round(part)
 	width := 0
 	for r := 0; r < m.ranks; r++ {
 		width += m.part(r, part) / rows
@@ -142,16 +162,23 @@ func (m *Mesh) part(r int, own []float32) int {
 	return len(m.bufs[r])
 }
 
-// exchange sends x to every other rank and receives theirs into m.bufs.
-// Each message is a header (operation, sequence number, length) and the
-// floats' bits; a header that disagrees means the ranks ran different
-// programs, which fails the group rather than mixing wrong numbers.
-func (m *Mesh) exchange(op byte, x []float32) bool {
+// exchange sends x, in the form enc says, to every other rank and
+// receives theirs into m.bufs. Each message is a header (operation,
+// sequence number, wire form, length) and the values; a header that
+// disagrees means the ranks ran different programs or were told
+// different wire forms, which fails the group rather than mixing wrong
+// numbers.
+func (m *Mesh) exchange(op byte, x []float32, enc *codec) bool {
 	if m.Err() != nil {
 		return false
 	}
 	m.seq++
 	seq := m.seq
+	m.out = append(m.out[:0], op)
+	m.out = binary.LittleEndian.AppendUint32(m.out, seq)
+	m.out = append(m.out, byte(enc.d))
+	m.out = binary.LittleEndian.AppendUint32(m.out, uint32(len(x)))
+	m.out = enc.appendFloats(m.out, x)
 	var wg sync.WaitGroup
 	errs := make([]error, m.ranks)
 	deadline := time.Now().Add(m.timeout)
@@ -163,7 +190,13 @@ func (m *Mesh) exchange(op byte, x []float32) bool {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			errs[r] = p.send(op, seq, x)
+			errs[r] = p.send(m.out)
+			if errs[r] == nil {
+				m.sent.Add(int64(len(m.out)))
+				if m.also != nil {
+					m.also.Add(int64(len(m.out)))
+				}
+			}
 		}()
 	}
 	for r, p := range m.peers {
@@ -171,7 +204,7 @@ func (m *Mesh) exchange(op byte, x []float32) bool {
 			continue
 		}
 		var err error
-		if m.bufs[r], err = p.recv(op, seq, m.bufs[r]); err != nil {
+		if m.bufs[r], err = p.recv(op, seq, enc.d, m.bufs[r]); err != nil {
 			m.fail(fmt.Errorf("tensor parallel: rank %d: exchange with rank %d: %w", m.rank, r, err))
 			wg.Wait()
 			return false
@@ -187,15 +220,8 @@ func (m *Mesh) exchange(op byte, x []float32) bool {
 	return true
 }
 
-func (p *peer) send(op byte, seq uint32, x []float32) error {
-	p.out = p.out[:0]
-	p.out = append(p.out, op)
-	p.out = binary.LittleEndian.AppendUint32(p.out, seq)
-	p.out = binary.LittleEndian.AppendUint32(p.out, uint32(len(x)))
-	for _, v := range x {
-		p.out = binary.LittleEndian.AppendUint32(p.out, math.Float32bits(v))
-	}
-	if _, err := p.w.Write(p.out); err != nil {
+func (p *peer) send(msg []byte) error {
+	if _, err := p.w.Write(msg); err != nil {
 		return err
 	}
 	return p.w.Flush()
@@ -204,26 +230,28 @@ func (p *peer) send(op byte, seq uint32, x []float32) error {
 // maxFloats bounds what a peer can make this rank allocate (1 GiB).
 const maxFloats = 1 << 28
 
-func (p *peer) recv(op byte, seq uint32, dst []float32) ([]float32, error) {
-	var h [9]byte
+func (p *peer) recv(op byte, seq uint32, d WireDType, dst []float32) ([]float32, error) {
+	var h [10]byte
 	if _, err := io.ReadFull(p.r, h[:]); err != nil {
 		return dst, err
 	}
-	gotSeq, n := binary.LittleEndian.Uint32(h[1:]), binary.LittleEndian.Uint32(h[5:])
+	gotSeq, n := binary.LittleEndian.Uint32(h[1:]), binary.LittleEndian.Uint32(h[6:])
 	if h[0] != op || gotSeq != seq {
 		return dst, fmt.Errorf("out of step: got operation %q #%d, expected %q #%d", h[0], gotSeq, op, seq)
+	}
+	if got := WireDType(h[5]); got != d {
+		return dst, fmt.Errorf("the peer sends %s on the wire, this rank expects %s", got, d)
 	}
 	if n > maxFloats {
 		return dst, fmt.Errorf("message of %d floats", n)
 	}
-	p.in = growBytes(p.in, 4*int(n))
+	p.in = growBytes(p.in, d.Size()*int(n))
 	if _, err := io.ReadFull(p.r, p.in); err != nil {
 		return dst, err
 	}
 	dst = grow(dst, int(n))
-	for i := range dst {
-		dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(p.in[4*i:]))
-	}
+	p.c2.d = d
+	p.c2.decode(dst, p.in)
 	return dst, nil
 }
 

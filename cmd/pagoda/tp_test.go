@@ -151,3 +151,39 @@ func TestRunTensorParallel(t *testing.T) {
 		t.Errorf("run --tensor-parallel with --kv-dtype: exit %d, %s", code, stderr)
 	}
 }
+
+// TestWireDTypeFlag: `run --tensor-parallel 2 --wire-dtype f16/bf16` on
+// stories260K prints what one process prints (its greedy tokens stay the
+// same over these 32 tokens: the rounding moves logits by ~1e-2), and a
+// wire form that is unknown, that has no workers to travel between, or
+// that a hand-started worker was pinned against is refused by name.
+func TestWireDTypeFlag(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
+	args := []string{"run", "-m", path, "-p", "Once upon a time", "-n", "32", "--temp", "0"}
+	code, want, stderr := pagoda(t, args...)
+	if code != 0 || want == "" {
+		t.Fatalf("run: exit %d: %s", code, stderr)
+	}
+	for _, d := range []string{"f16", "bf16"} {
+		code, got, stderr := pagoda(t, append(args, "--tensor-parallel", "2", "--wire-dtype", d)...)
+		if code != 0 || got != want {
+			t.Errorf("run --tensor-parallel 2 --wire-dtype %s: exit %d, printed %q, want %q\n%s", d, code, got, want, stderr)
+		}
+	}
+	listen := regexp.MustCompile(regexp.QuoteMeta(cluster.ListenLine) + `(\S+)`)
+	w0 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1", "--wire-dtype", "bf16")
+	w1 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(args, "--tensor-parallel", "2", "--wire-dtype", "fp8"), `wire dtype "fp8"`},
+		{append(args, "--wire-dtype", "f16"), "activations travel only between workers"},
+		{append(args, "--workers", w0+","+w1, "--wire-dtype", "f16"), "asks for f16 activations on the wire, this worker is started with --wire-dtype bf16"},
+	} {
+		code, _, stderr := pagoda(t, c.args...)
+		if code == 0 || !strings.Contains(stderr, c.want) {
+			t.Errorf("pagoda %v: exit %d, stderr %q (want %q)", c.args[len(args):], code, stderr, c.want)
+		}
+	}
+}
