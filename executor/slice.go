@@ -20,7 +20,7 @@ func (in *StepInput) Slice(lo, hi int) (*StepInput, error) {
 	if lo < 0 || hi > T || lo >= hi {
 		return nil, fmt.Errorf("executor: rows [%d, %d) of a step of %d", lo, hi, T)
 	}
-	out := &StepInput{Tokens: in.Tokens[lo:hi], Pos: in.Pos[lo:hi], Seq: in.Seq[lo:hi], Logits: make([]bool, hi-lo)}
+	out := &StepInput{Tokens: in.Tokens[lo:hi], Pos: in.Pos[lo:hi], Seq: in.Seq[lo:hi], Logits: make([]bool, hi-lo), TopK: in.TopK}
 	if in.Logits != nil {
 		copy(out.Logits, in.Logits[lo:hi])
 	} else if hi == T {
