@@ -338,7 +338,7 @@ func firstDiff(a, b []int32) int {
 // moved must shrink to about half.
 func TestWireDTypeModels(t *testing.T) {
 	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
-	wireModel(t, path, 64, []int32{1, 403, 407, 261, 378, 300, 2}, 0.5)
+	wireModel(t, path, 64, []int32{1, 403, 407, 261, 378, 300, 2}, 1e-4, 0.5)
 }
 
 // TestWireDTypeSynth: the same on a TinyLlama-shaped synthetic model (its
@@ -357,10 +357,15 @@ func TestWireDTypeSynth(t *testing.T) {
 	if err := synth.Write(path, synth.Options{Shape: sh, Type: quant.Q8_0, Seed: 1}); err != nil {
 		t.Fatal(err)
 	}
-	wireModel(t, path, 32, []int32{1, 450, 4996, 17354, 1701, 29916}, 5)
+	// Q8_0 rows split across ranks sum in another order: tensor
+	// parallelism in f32 already moves these logits by a few 1e-2.
+	wireModel(t, path, 32, []int32{1, 450, 4996, 17354, 1701, 29916}, 0.1, 5)
 }
 
-func wireModel(t *testing.T, path string, n int, prompt []int32, bound float64) {
+// wireModel compares tensor parallel 2 and pipeline parallel 2 with each
+// wire form against one process: tp32 bounds the f32 group's logits
+// difference, bound the 16-bit forms'.
+func wireModel(t *testing.T, path string, n int, prompt []int32, tp32, bound float64) {
 	whole, err := model.Open(path, model.Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -376,6 +381,13 @@ func wireModel(t *testing.T, path string, n int, prompt []int32, bound float64) 
 	}
 	defer refKV.Close()
 	ref := drive(t, executor.NewLocal(whole, refKV), kc, prompt, n, nil, nil)
+	scale := 0.0
+	for _, row := range ref.rows {
+		for _, v := range row {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+	}
+	t.Logf("one process: largest |logit| %.3g; load average %s", scale, loadAvg())
 	shard, err := OpenShape(path, 2, model.Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -422,7 +434,7 @@ func wireModel(t *testing.T, path string, n int, prompt []int32, bound float64) 
 			switch {
 			case d == WireF32 && mode == "pp" && maxAbs != 0:
 				t.Errorf("pp f32: logits differ from one process by %g (want bit-identical)", maxAbs)
-			case d == WireF32 && maxAbs > 1e-4:
+			case d == WireF32 && maxAbs > tp32:
 				t.Errorf("%s f32: logits differ from one process by %g", mode, maxAbs)
 			case d == WireF32 && diff >= 0:
 				t.Errorf("%s f32: greedy tokens differ from one process at %d", mode, diff)
@@ -475,4 +487,13 @@ func TestWireDTypeRefusals(t *testing.T) {
 		t.Fatalf("bf16 group after refusals: %v", err)
 	}
 	g.Close()
+}
+
+// loadAvg is the machine's load average, for timings' context.
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return "?"
+	}
+	return strings.Join(strings.Fields(string(b))[:3], " ")
 }
