@@ -14,10 +14,13 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math"
 	"net"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"pagoda/executor"
 )
 
 // Mesh is one rank's view of a tensor-parallel group over TCP: a
@@ -45,6 +48,13 @@ type Mesh struct {
 	also *atomic.Int64 // counts them too, when set (Worker.Sent)
 	bufs [][]float32   // received, by rank
 	sum  []float32
+
+	// topK > 0: the next all-gathers (the output head's) exchange each
+	// rank's top k per row instead of its whole slice (SetTopK).
+	topK   int
+	tkMsg  []float32
+	tkIDs  []int32
+	tkVals []float32
 }
 
 type peer struct {
@@ -77,6 +87,14 @@ func NewMesh(rank int, conns []net.Conn) *Mesh {
 func (m *Mesh) SetWire(d WireDType) {
 	m.wire.d = d
 }
+
+// SetTopK makes the all-gathers that follow (the vocabulary-split output
+// head's, the only one a forward pass makes) send, for each row, only
+// this rank's k largest logits with their ids instead of its whole
+// slice: the gathered rows then hold every rank's candidates at their
+// ids and the lowest finite float elsewhere (the model refuses
+// non-finite logits), which has the same top k as the whole row. 0 restores whole slices. Every rank must set the same.
+func (m *Mesh) SetTopK(k int) { m.topK = k }
 
 // Sent is the bytes this rank has written to the other ranks.
 func (m *Mesh) Sent() int64 { return m.sent.Load() }
@@ -133,6 +151,10 @@ func (m *Mesh) AllReduce(_ int, x []float32) {
 // AllGather concatenates the ranks' columns of part, row by row, into
 // full, in rank order.
 func (m *Mesh) AllGather(_ int, part, full []float32, rows int) {
+	if m.topK > 0 && rows > 0 {
+		m.gatherTop(part, full, rows)
+		return
+	}
 	if !m.exchange('G', part, &m.wire) || rows == 0 {
 		return
 	}
@@ -153,6 +175,65 @@ func (m *Mesh) AllGather(_ int, part, full []float32, rows int) {
 		}
 		off += w
 	}
+}
+
+// gatherTop is AllGather under SetTopK. A message is f32 bits whatever
+// the wire form (ids do not survive rounding): the rank's slice width,
+// then per row k (id, logit) pairs, the ids local to its slice.
+func (m *Mesh) gatherTop(part, full []float32, rows int) {
+	w := len(part) / rows
+	k := min(m.topK, w)
+	m.tkIDs, m.tkVals = growInts32(m.tkIDs, k), grow(m.tkVals, k)
+	m.tkMsg = append(m.tkMsg[:0], math.Float32frombits(uint32(w)))
+	for r := range rows {
+		executor.TopKRow(part[r*w:(r+1)*w], 0, m.tkIDs, m.tkVals)
+		for j := range k {
+			m.tkMsg = append(m.tkMsg, math.Float32frombits(uint32(m.tkIDs[j])), m.tkVals[j])
+		}
+	}
+	if !m.exchange('K', m.tkMsg, &codec{d: WireF32}) {
+		return
+	}
+	width := len(full) / rows
+	for i := range full {
+		full[i] = -math.MaxFloat32
+	}
+	off := 0
+	for q := 0; q < m.ranks; q++ {
+		msg := m.tkMsg
+		if q != m.rank {
+			msg = m.bufs[q]
+		}
+		if len(msg) == 0 {
+			m.fail(fmt.Errorf("tensor parallel: rank %d: an empty top-k message from rank %d", m.rank, q))
+			return
+		}
+		qw := int(math.Float32bits(msg[0]))
+		qk := (len(msg) - 1) / (2 * rows)
+		if qw <= 0 || off+qw > width || len(msg) != 1+2*rows*qk || qk > qw {
+			m.fail(fmt.Errorf("tensor parallel: rank %d: rank %d's top-k message (%d values, width %d) does not fit %d rows of %d", m.rank, q, len(msg), qw, rows, width))
+			return
+		}
+		for r := range rows {
+			pairs := msg[1+2*r*qk : 1+2*(r+1)*qk]
+			for j := 0; j < len(pairs); j += 2 {
+				id := int(math.Float32bits(pairs[j]))
+				if id >= qw {
+					m.fail(fmt.Errorf("tensor parallel: rank %d: rank %d's top-k id %d past its width %d", m.rank, q, id, qw))
+					return
+				}
+				full[r*width+off+id] = pairs[j+1]
+			}
+		}
+		off += qw
+	}
+}
+
+func growInts32(s []int32, n int) []int32 {
+	if cap(s) < n {
+		return make([]int32, n)
+	}
+	return s[:n]
 }
 
 func (m *Mesh) part(r int, own []float32) int {

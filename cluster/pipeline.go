@@ -205,6 +205,9 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 	var res executor.StepOutput
 	for j := range mbs {
 		res.Logits = append(res.Logits, outs[last][j].Logits...)
+		if in.TopK > 0 {
+			res.TopIDs = append(res.TopIDs, outs[last][j].TopIDs...)
+		}
 	}
 	p.mu.Lock()
 	p.stats.Steps++

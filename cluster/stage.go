@@ -80,7 +80,12 @@ func (s *stageRank) Execute(in *executor.StepInput) (executor.StepOutput, error)
 		if err != nil {
 			return executor.StepOutput{}, err
 		}
-		return executor.StepOutput{Logits: out, Busy: busy}, nil
+		res := executor.StepOutput{Logits: out, Busy: busy}
+		if in.TopK > 0 {
+			// Only the last stage has logits: it ships each row's top k.
+			res.TopIDs, res.Logits, err = executor.TopK(out, in.Rows(), in.TopK, nil, nil)
+		}
+		return res, err
 	}
 	if serr := s.send(out, err); err == nil {
 		err = serr

@@ -246,8 +246,15 @@ func (r *rank) close() {
 // Execute runs the step on this rank's shard. A failure on one rank
 // breaks the mesh, so the others fail their step at once rather than
 // wait for an exchange that will not come.
+//
+// A step asking for top-k rows (StepInput.TopK) has the ranks exchange
+// their vocabulary slices' top k instead of whole slices; the local
+// executor then reduces the gathered rows, which hold only those, to the
+// same top k the whole rows have.
 func (r *rank) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	r.mesh.SetTopK(in.TopK)
 	out, err := r.local.Execute(in)
+	r.mesh.SetTopK(0)
 	if merr := r.mesh.Err(); merr != nil {
 		return executor.StepOutput{}, merr
 	}
