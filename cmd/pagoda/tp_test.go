@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -185,5 +186,48 @@ func TestWireDTypeFlag(t *testing.T) {
 		if code == 0 || !strings.Contains(stderr, c.want) {
 			t.Errorf("pagoda %v: exit %d, stderr %q (want %q)", c.args[len(args):], code, stderr, c.want)
 		}
+	}
+}
+
+// TestBenchGroup: `bench --tensor-parallel 2` and `--pipeline-parallel 2`
+// measure pp, tg and batched tg through worker processes (the coordinator
+// planning each step's KV), reporting every test with the group's name
+// and threads; KV formats the workers do not take are refused.
+func TestBenchGroup(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
+	for _, mode := range []string{"--tensor-parallel", "--pipeline-parallel"} {
+		args := []string{"bench", "-m", path, "-p", "16", "-n", "8", "-s", "1,2", "-r", "2", "-t", "2", "-bw", "0", "--json", mode, "2"}
+		code, out, stderr := pagoda(t, args...)
+		if code != 0 {
+			t.Fatalf("bench %s 2: exit %d: %s", mode, code, stderr)
+		}
+		var rs []struct {
+			Model   string    `json:"model"`
+			Test    string    `json:"test"`
+			Threads int       `json:"threads"`
+			Tokens  int       `json:"n_tokens"`
+			Samples []float64 `json:"samples_ts"`
+			Mean    float64   `json:"avg_ts"`
+			Params  int64     `json:"params"`
+		}
+		if err := json.Unmarshal([]byte(out), &rs); err != nil {
+			t.Fatalf("bench %s 2: %v\n%s", mode, err, out)
+		}
+		var tests []string
+		for _, r := range rs {
+			tests = append(tests, fmt.Sprintf("%s:%d", r.Test, r.Tokens))
+			tag := map[string]string{"--tensor-parallel": " tp2", "--pipeline-parallel": " pp2"}[mode]
+			if !strings.HasSuffix(r.Model, tag) || r.Threads != 2 || len(r.Samples) != 2 || !(r.Mean > 0) || r.Params < 200000 {
+				t.Errorf("bench %s 2: %+v", mode, r)
+			}
+		}
+		if got := strings.Join(tests, " "); got != "pp16:16 tg8:8 tg8x2:16" {
+			t.Errorf("bench %s 2: tests %s", mode, got)
+		}
+		t.Logf("bench %s 2: %s", mode, out)
+	}
+	code, _, stderr := pagoda(t, "bench", "-m", path, "-p", "16", "-n", "0", "--tensor-parallel", "2", "--kv-dtype", "q8_0")
+	if code == 0 || !strings.Contains(stderr, "--kv-dtype is not carried") {
+		t.Errorf("bench --tensor-parallel 2 --kv-dtype q8_0: exit %d, %s", code, stderr)
 	}
 }
