@@ -39,6 +39,8 @@ type GroupOptions struct {
 	Context int
 	// Timeout bounds connecting and the workers' loading (0: 10 minutes).
 	Timeout time.Duration
+	// Wire is the form of the collectives' payloads between the ranks.
+	Wire WireDType
 }
 
 // Connect makes the workers at addrs ranks 0…n-1 of a new group. It
@@ -60,7 +62,7 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	hellos := make([]hello, n)
 	for r := range hellos {
 		hellos[r] = hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
-			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0}
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0, Wire: o.Wire.String()}
 	}
 	// Every rank must get its hello before any can finish joining the
 	// mesh: dialAll sends all first, then reads the replies.

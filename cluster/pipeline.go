@@ -52,6 +52,8 @@ type PipelineOptions struct {
 	MinRows int
 	// Timeout bounds connecting and the workers' loading (0: 10 minutes).
 	Timeout time.Duration
+	// Wire is the form of the hidden states handed from stage to stage.
+	Wire WireDType
 }
 
 // PipelineStats is what the stages did since the pipeline connected.
@@ -115,7 +117,7 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	hellos := make([]hello, len(addrs))
 	for s, st := range stages {
 		hellos[s] = hello{Kind: "stage", Session: session, Rank: s, Ranks: len(addrs), Peers: addrs, Threads: o.Threads,
-			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Layers: &[2]int{st.Lo, st.Hi}}
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Layers: &[2]int{st.Lo, st.Hi}, Wire: o.Wire.String()}
 	}
 	conns, err := dialAll(addrs, hellos, o.Timeout, "pipeline parallel: stage")
 	if err != nil {
@@ -165,6 +167,8 @@ func dialAll(addrs []string, hellos []hello, timeout time.Duration, what string)
 				errs[r] = err
 			} else if rep.Error != "" {
 				errs[r] = errors.New(rep.Error)
+			} else if want := hellos[r].Wire; !sameWire(rep.Wire, want) {
+				errs[r] = fmt.Errorf("the worker does not take %s activations on the wire (it answered %q)", want, rep.Wire)
 			}
 			c.SetReadDeadline(time.Time{})
 		})
@@ -201,6 +205,9 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 	var res executor.StepOutput
 	for j := range mbs {
 		res.Logits = append(res.Logits, outs[last][j].Logits...)
+		if in.TopK > 0 {
+			res.TopIDs = append(res.TopIDs, outs[last][j].TopIDs...)
+		}
 	}
 	p.mu.Lock()
 	p.stats.Steps++

@@ -40,12 +40,20 @@ type hello struct {
 	Logits bool `json:"logits,omitempty"`
 	// Layers is a pipeline stage's range of layers [lo, hi).
 	Layers *[2]int `json:"layers,omitempty"`
+	// Wire is the form of activations between workers (f32, f16, bf16;
+	// "" is f32): the coordinator's choice, which a peer's hello repeats
+	// so that ranks told different forms do not join.
+	Wire string `json:"wire,omitempty"`
 }
 
 // reply is a worker's answer to the coordinator's hello.
 type reply struct {
 	Error string `json:"error,omitempty"`
 	Model *shape `json:"model,omitempty"`
+	// Wire is the activations' form the worker took from the hello: a
+	// worker that did not (an older one) leaves it empty and is refused
+	// when the coordinator asked for another than f32.
+	Wire string `json:"wire,omitempty"`
 }
 
 // shape is what must agree between the coordinator's model and a worker's

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"time"
 
 	"pagoda/executor"
@@ -33,6 +34,8 @@ type stageRank struct {
 	in         executor.StepOutput // the hidden states received
 	b          model.Batch
 	rowTime    time.Duration // Worker.stageRowTime
+	wire       codec         // the hidden states' form on the wire
+	sent       *atomic.Int64 // bytes written to the next stage (Worker.sent)
 }
 
 func (s *stageRank) shape() *shape { return shapeOf(&s.m.Config) }
@@ -56,7 +59,7 @@ func (s *stageRank) Execute(in *executor.StepInput) (executor.StepOutput, error)
 		s.prev.SetReadDeadline(time.Now().Add(opTimeout))
 		var err error
 		if s.rbuf, err = executor.ReadFrame(s.pr, s.rbuf); err == nil {
-			err = executor.DecodeOutput(s.rbuf, &s.in)
+			err = s.wire.decodeHidden(s.rbuf, &s.in)
 		}
 		if err != nil {
 			err = fmt.Errorf("from the previous stage: %w", err)
@@ -77,7 +80,12 @@ func (s *stageRank) Execute(in *executor.StepInput) (executor.StepOutput, error)
 		if err != nil {
 			return executor.StepOutput{}, err
 		}
-		return executor.StepOutput{Logits: out, Busy: busy}, nil
+		res := executor.StepOutput{Logits: out, Busy: busy}
+		if in.TopK > 0 {
+			// Only the last stage has logits: it ships each row's top k.
+			res.TopIDs, res.Logits, err = executor.TopK(out, in.Rows(), in.TopK, nil, nil)
+		}
+		return res, err
 	}
 	if serr := s.send(out, err); err == nil {
 		err = serr
@@ -96,8 +104,9 @@ func (s *stageRank) send(hidden []float32, err error) error {
 	if err != nil {
 		s.wbuf = executor.AppendError(s.wbuf[:0], err)
 	} else {
-		s.wbuf = executor.AppendOutput(s.wbuf[:0], &executor.StepOutput{Logits: hidden})
+		s.wbuf = s.wire.appendHidden(s.wbuf[:0], hidden)
 	}
+	s.sent.Add(int64(len(s.wbuf) + 4))
 	s.next.SetWriteDeadline(time.Now().Add(opTimeout))
 	if werr := executor.WriteFrame(s.nw, s.wbuf); werr != nil {
 		return fmt.Errorf("to the next stage: %w", werr)
@@ -120,7 +129,11 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	case h.Session == "":
 		return nil, errors.New("hello without a session")
 	}
-	s := &stageRank{rowTime: w.stageRowTime}
+	s := &stageRank{rowTime: w.stageRowTime, sent: &w.sent}
+	var err error
+	if s.wire.d, err = ParseWireDType(h.Wire); err != nil {
+		return nil, err
+	}
 	if err := w.link(h, s); err != nil {
 		return nil, err
 	}
@@ -144,7 +157,6 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 		}
 		return nil, err
 	}
-	var err error
 	if s.m, err = model.Open(w.Model, o); err != nil {
 		return fail(err)
 	}
@@ -177,7 +189,7 @@ func (w *Worker) link(h *hello, s *stageRank) error {
 		if err != nil {
 			return fmt.Errorf("pipeline: stage %d at %s: %w", h.Rank+1, addr, err)
 		}
-		if err := writeMsg(bufio.NewWriter(c), hello{Kind: "peer", Session: h.Session, Rank: h.Rank}); err != nil {
+		if err := writeMsg(bufio.NewWriter(c), hello{Kind: "peer", Session: h.Session, Rank: h.Rank, Wire: h.Wire}); err != nil {
 			c.Close()
 			return fmt.Errorf("pipeline: stage %d at %s: %w", h.Rank+1, addr, err)
 		}
@@ -194,6 +206,13 @@ func (w *Worker) link(h *hello, s *stageRank) error {
 				s.next.Close()
 			}
 			return fmt.Errorf("pipeline: a connection from stage %d, want %d", p.rank, h.Rank-1)
+		}
+		if !sameWire(p.wire, h.Wire) {
+			p.c.Close()
+			if s.next != nil {
+				s.next.Close()
+			}
+			return fmt.Errorf("pipeline: stage %d sends %q activations on the wire, this stage was told %q", p.rank, p.wire, h.Wire)
 		}
 		s.prev, s.pr = p.c, bufio.NewReaderSize(p.c, 1<<16)
 		return nil

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"pagoda/executor"
@@ -29,6 +30,10 @@ type Worker struct {
 	// the group are set per session.
 	Options model.Options
 	Log     *slog.Logger
+	// Wire, when set, is the only form of activations on the wire this
+	// worker takes ("f32", "f16", "bf16"); a coordinator asking for
+	// another is refused. Empty: whatever the coordinator's hello says.
+	Wire string
 	// JoinTimeout bounds how long a session waits for the other ranks'
 	// mesh connections (0: one minute).
 	JoinTimeout time.Duration
@@ -38,6 +43,8 @@ type Worker struct {
 	// from the machine's contention (tests only).
 	stageRowTime time.Duration
 
+	sent atomic.Int64 // see Sent
+
 	mu      sync.Mutex
 	slot    chan struct{}            // holds a token while a session runs
 	joining map[string]chan peerConn // by session: mesh connections from higher ranks
@@ -45,8 +52,14 @@ type Worker struct {
 
 type peerConn struct {
 	rank int
+	wire string
 	c    net.Conn
 }
+
+// Sent is the bytes of activations this worker has written to other
+// workers (mesh exchanges, hidden states to the next stage), headers
+// included, over all its sessions: what the wire form changes.
+func (w *Worker) Sent() int64 { return w.sent.Load() }
 
 // helloTimeout bounds how long a new connection may take to say who it is.
 const helloTimeout = 30 * time.Second
@@ -78,7 +91,7 @@ func (w *Worker) handle(c net.Conn) {
 	case "peer":
 		if ch := w.joinChan(h.Session); ch != nil {
 			select {
-			case ch <- peerConn{h.Rank, c}:
+			case ch <- peerConn{h.Rank, h.Wire, c}:
 				return
 			default:
 			}
@@ -149,19 +162,49 @@ func (w *Worker) session(c net.Conn, h *hello, what string, join func(*hello) (m
 		return
 	}
 	defer w.release()
-	mb, err := join(h)
+	d, err := w.wireOf(h)
+	var mb member
+	if err == nil {
+		mb, err = join(h)
+	}
 	if err != nil {
 		w.Log.Error("joining the group failed", what, h.Rank, "err", err)
 		writeMsg(bw, reply{Error: err.Error()})
 		return
 	}
 	defer mb.close()
-	if err := writeMsg(bw, reply{Model: mb.shape()}); err != nil {
+	if err := writeMsg(bw, reply{Model: mb.shape(), Wire: d.String()}); err != nil {
 		return
 	}
-	w.Log.Info("serving", what, h.Rank, "of", h.Ranks, "kv_blocks", h.KV.NumBlocks)
+	w.Log.Info("serving", what, h.Rank, "of", h.Ranks, "kv_blocks", h.KV.NumBlocks, "wire", d)
 	err = executor.Serve(c, c, mb)
 	w.Log.Info("group ended", what, h.Rank, "err", err)
+}
+
+// wireOf is the activations' form the hello asks for, if this worker
+// takes it.
+func (w *Worker) wireOf(h *hello) (WireDType, error) {
+	d, err := ParseWireDType(h.Wire)
+	if err != nil {
+		return 0, err
+	}
+	if w.Wire != "" {
+		mine, err := ParseWireDType(w.Wire)
+		if err != nil {
+			return 0, fmt.Errorf("this worker's own %v", err)
+		}
+		if mine != d {
+			return 0, fmt.Errorf("the coordinator asks for %s activations on the wire, this worker is started with --wire-dtype %s", d, mine)
+		}
+	}
+	return d, nil
+}
+
+// sameWire says whether two hellos' wire forms are the same ("" is f32).
+func sameWire(a, b string) bool {
+	da, errA := ParseWireDType(a)
+	db, errB := ParseWireDType(b)
+	return errA == nil && errB == nil && da == db
 }
 
 func (w *Worker) acquire(wait time.Duration) bool {
@@ -203,8 +246,15 @@ func (r *rank) close() {
 // Execute runs the step on this rank's shard. A failure on one rank
 // breaks the mesh, so the others fail their step at once rather than
 // wait for an exchange that will not come.
+//
+// A step asking for top-k rows (StepInput.TopK) has the ranks exchange
+// their vocabulary slices' top k instead of whole slices; the local
+// executor then reduces the gathered rows, which hold only those, to the
+// same top k the whole rows have.
 func (r *rank) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	r.mesh.SetTopK(in.TopK)
 	out, err := r.local.Execute(in)
+	r.mesh.SetTopK(0)
 	if merr := r.mesh.Err(); merr != nil {
 		return executor.StepOutput{}, merr
 	}
@@ -237,6 +287,13 @@ func (w *Worker) join(h *hello) (*rank, error) {
 		return nil, err
 	}
 	mesh := NewMesh(h.Rank, conns)
+	d, err := ParseWireDType(h.Wire)
+	if err != nil {
+		mesh.Close()
+		return nil, err
+	}
+	mesh.SetWire(d)
+	mesh.also = &w.sent
 	o := w.Options
 	o.Rank, o.Ranks, o.Group = h.Rank, h.Ranks, mesh
 	if h.Threads > 0 {
@@ -290,7 +347,7 @@ func (w *Worker) connect(h *hello) ([]net.Conn, error) {
 			return fail(fmt.Errorf("mesh: rank %d at %s: %w", r, h.Peers[r], err))
 		}
 		conns[r] = c
-		if err := writeMsg(bufio.NewWriter(c), hello{Kind: "peer", Session: h.Session, Rank: h.Rank}); err != nil {
+		if err := writeMsg(bufio.NewWriter(c), hello{Kind: "peer", Session: h.Session, Rank: h.Rank, Wire: h.Wire}); err != nil {
 			return fail(fmt.Errorf("mesh: rank %d at %s: %w", r, h.Peers[r], err))
 		}
 	}
@@ -306,6 +363,10 @@ func (w *Worker) connect(h *hello) ([]net.Conn, error) {
 			if p.rank <= h.Rank || p.rank >= h.Ranks || conns[p.rank] != nil {
 				p.c.Close()
 				return fail(fmt.Errorf("mesh: unexpected connection from rank %d", p.rank))
+			}
+			if !sameWire(p.wire, h.Wire) {
+				p.c.Close()
+				return fail(fmt.Errorf("mesh: rank %d sends %q activations on the wire, this rank was told %q", p.rank, p.wire, h.Wire))
 			}
 			conns[p.rank] = p.c
 			need--

@@ -44,7 +44,18 @@ type StepInput struct {
 	// Hidden asks for every row's final hidden state (StepOutput.Hidden):
 	// the features Medusa heads and EAGLE drafts predict from.
 	Hidden bool
+	// TopK > 0 asks for each logits row as its k largest logits only
+	// (StepOutput.TopIDs and Logits, k per row), which is all a greedy
+	// request without log-probabilities, logit bias or penalties needs
+	// (k = 1). A tensor-parallel group with a vocabulary-split output
+	// head then reduces each rank's slice to its top k and ships those
+	// instead of whole rows. At most MaxTopK; larger than the vocabulary
+	// means the whole vocabulary, sorted.
+	TopK int
 }
+
+// MaxTopK bounds StepInput.TopK.
+const MaxTopK = 1 << 16
 
 // Rows is the number of logits rows the step returns.
 func (in *StepInput) Rows() int {
@@ -73,6 +84,11 @@ type StepOutput struct {
 	Busy time.Duration
 	// Hidden holds NEmbd floats per row of the input, when it asked.
 	Hidden []float32
+	// TopIDs, when the input asked for TopK, are the token ids of each
+	// row's largest logits, k per row (fewer only when the vocabulary
+	// is smaller), largest first, ties to the lower id; Logits then
+	// holds their values in the same order.
+	TopIDs []int32
 }
 
 // Executor runs steps. Implementations are called from one goroutine at a
@@ -124,6 +140,11 @@ func (l *Local) Execute(in *StepInput) (StepOutput, error) {
 		return StepOutput{}, err
 	}
 	out.Logits = logits
+	if in.TopK > 0 {
+		if out.TopIDs, out.Logits, err = TopK(logits, in.Rows(), in.TopK, nil, nil); err != nil {
+			return StepOutput{}, err
+		}
+	}
 	return out, nil
 }
 
@@ -151,6 +172,9 @@ func (in *StepInput) check() error {
 	if len(in.Pos) != T || len(in.Seq) != T || (in.Logits != nil && len(in.Logits) != T) || (in.Rope != nil && len(in.Rope) != T) {
 		return fmt.Errorf("executor: step fields have different lengths (%d tokens, %d positions, %d sequences, %d logits marks, %d rotary positions)",
 			T, len(in.Pos), len(in.Seq), len(in.Logits), len(in.Rope))
+	}
+	if in.TopK < 0 || in.TopK > MaxTopK {
+		return fmt.Errorf("executor: top-k %d out of range [0, %d]", in.TopK, MaxTopK)
 	}
 	if len(in.Moves)%2 != 0 {
 		return fmt.Errorf("executor: %d slot-move entries are not (from, to) pairs", len(in.Moves))

@@ -167,7 +167,7 @@ func equalSteps(a, b *StepInput) bool {
 	if !eq(a.Tokens, b.Tokens) || !eq(a.Pos, b.Pos) || !eq(a.Seq, b.Seq) || (a.Logits == nil) != (b.Logits == nil) || len(a.Logits) != len(b.Logits) {
 		return false
 	}
-	if (a.KV == nil) != (b.KV == nil) || (a.Rope == nil) != (b.Rope == nil) || !eq(a.Rope, b.Rope) || !eq(a.Moves, b.Moves) || a.Hidden != b.Hidden {
+	if (a.KV == nil) != (b.KV == nil) || (a.Rope == nil) != (b.Rope == nil) || !eq(a.Rope, b.Rope) || !eq(a.Moves, b.Moves) || a.Hidden != b.Hidden || a.TopK != b.TopK {
 		return false
 	}
 	if a.KV != nil {

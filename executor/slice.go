@@ -22,7 +22,7 @@ func (in *StepInput) Slice(lo, hi int) (*StepInput, error) {
 	if lo < 0 || hi > T || lo >= hi {
 		return nil, fmt.Errorf("executor: rows [%d, %d) of a step of %d", lo, hi, T)
 	}
-	out := &StepInput{Tokens: in.Tokens[lo:hi], Pos: in.Pos[lo:hi], Seq: in.Seq[lo:hi], Logits: make([]bool, hi-lo), Hidden: in.Hidden}
+	out := &StepInput{Tokens: in.Tokens[lo:hi], Pos: in.Pos[lo:hi], Seq: in.Seq[lo:hi], Logits: make([]bool, hi-lo), Hidden: in.Hidden, TopK: in.TopK}
 	if in.Rope != nil {
 		out.Rope = in.Rope[lo:hi]
 	}

@@ -21,13 +21,15 @@ import (
 //	                u8 has-plan, then (if 1) the KV plan's Runs, TableOff,
 //	                Tables, Slots, SpanOff, Spans, each u32 n, n×i32
 //	                then, only when the step has any: 'X', u8 flags (1:
-//	                hidden states wanted, 2: rotary positions present),
-//	                the rotary positions and the slot moves, each u32 n,
-//	                n×i32
+//	                hidden states wanted, 2: rotary positions present,
+//	                4: top-k rows wanted, then u32 k), the rotary
+//	                positions and the slot moves, each u32 n, n×i32
 //	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact),
 //	                then, when the executor measured it or hidden states
 //	                follow, u64 busy nanoseconds, then for hidden states
 //	                u32 H, H×f32
+//	'T' top-k:      u32 N, N×i32 token ids, then an 'O' output whose
+//	                logits are those ids' values
 //	'E' error:      the error's text
 //
 // Fixed-width integers and raw float bits keep encoding a loop of
@@ -37,6 +39,7 @@ const (
 	kindOutput = 'O'
 	kindError  = 'E'
 	kindExt    = 'X'
+	kindTop    = 'T'
 
 	// maxFrame bounds what a peer can make the reader allocate.
 	maxFrame = 1 << 30
@@ -75,7 +78,7 @@ func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
 			dst = appendInts(dst, *s)
 		}
 	}
-	if in.Rope == nil && len(in.Moves) == 0 && !in.Hidden {
+	if in.Rope == nil && len(in.Moves) == 0 && !in.Hidden && in.TopK == 0 {
 		return dst, nil
 	}
 	flags := byte(0)
@@ -85,7 +88,13 @@ func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
 	if in.Rope != nil {
 		flags |= 2
 	}
+	if in.TopK > 0 {
+		flags |= 4
+	}
 	dst = append(dst, kindExt, flags)
+	if in.TopK > 0 {
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(in.TopK))
+	}
 	dst = appendInts(dst, in.Rope)
 	return appendInts(dst, in.Moves), nil
 }
@@ -186,18 +195,28 @@ func DecodeStep(p []byte, in *StepInput) error {
 // decodeExt decodes the step's optional tail: the hidden-state request,
 // rotary positions and slot moves.
 func decodeExt(p []byte, in *StepInput, T int) error {
-	in.Rope, in.Moves, in.Hidden = in.Rope[:0], in.Moves[:0], false
+	in.Rope, in.Moves, in.Hidden, in.TopK = in.Rope[:0], in.Moves[:0], false, 0
 	if len(p) == 0 {
 		in.Rope = nil
 		return nil
 	}
-	if len(p) < 2 || p[0] != kindExt || p[1] > 3 {
+	if len(p) < 2 || p[0] != kindExt || p[1] > 7 {
 		return fmt.Errorf("executor: %d unexpected bytes after the KV plan", len(p))
 	}
 	flags := p[1]
 	in.Hidden = flags&1 != 0
+	p = p[2:]
+	if flags&4 != 0 {
+		if len(p) < 4 {
+			return errors.New("executor: top-k truncated")
+		}
+		if in.TopK = int(binary.LittleEndian.Uint32(p)); in.TopK == 0 || in.TopK > MaxTopK {
+			return fmt.Errorf("executor: top-k %d out of range [1, %d]", in.TopK, MaxTopK)
+		}
+		p = p[4:]
+	}
 	var err error
-	if p, err = readInts(p[2:], &in.Rope, "rotary positions"); err != nil {
+	if p, err = readInts(p, &in.Rope, "rotary positions"); err != nil {
 		return err
 	}
 	switch {
@@ -229,6 +248,10 @@ func growInts(s []int32, n int) []int32 {
 
 // AppendOutput appends the encoding of out.
 func AppendOutput(dst []byte, out *StepOutput) []byte {
+	if out.TopIDs != nil {
+		dst = append(dst, kindTop)
+		dst = appendInts(dst, out.TopIDs)
+	}
 	dst = append(dst, kindOutput)
 	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(out.Logits)))
 	for _, v := range out.Logits {
@@ -258,6 +281,18 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 	if len(p) >= 1 && p[0] == kindError {
 		return &RemoteError{Msg: string(p[1:])}
 	}
+	out.TopIDs = out.TopIDs[:0]
+	if len(p) >= 1 && p[0] == kindTop {
+		var err error
+		if p, err = readInts(p[1:], &out.TopIDs, "top-k ids"); err != nil {
+			return err
+		}
+		if out.TopIDs == nil {
+			out.TopIDs = []int32{}
+		}
+	} else {
+		out.TopIDs = nil
+	}
 	if len(p) < 5 || p[0] != kindOutput {
 		return errors.New("executor: not a step output")
 	}
@@ -278,6 +313,9 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 	}
 	if n < 0 || len(p) != 4*n {
 		return fmt.Errorf("executor: output of %d logits has %d bytes", n, len(p))
+	}
+	if out.TopIDs != nil && len(out.TopIDs) != n {
+		return fmt.Errorf("executor: %d top-k ids for %d logits", len(out.TopIDs), n)
 	}
 	if cap(out.Logits) < n {
 		out.Logits = make([]float32, n)

@@ -5,6 +5,7 @@ package speed
 
 import (
 	"bufio"
+	"cmp"
 	"fmt"
 	"io"
 	"math"
@@ -86,9 +87,6 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 // RunCache is Run on the KV caches newCache makes for n positions (nil:
 // the model's flat f32 cache).
 func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (model.KVCache, error)) (*Result, error) {
-	if t.N <= 0 || reps <= 0 {
-		return nil, fmt.Errorf("speed: %s: N and repetitions must be positive", t)
-	}
 	c := &m.Config
 	if t.Depth < 0 || t.N+t.Depth > c.ContextLen {
 		return nil, fmt.Errorf("speed: %s exceeds the context of %d", t, c.ContextLen)
@@ -97,23 +95,107 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 	if !custom {
 		newCache = func(n int) (model.KVCache, error) { return m.NewFlatCache(max(t.Seqs, 1), n), nil }
 	}
+	if t.Kind == "tg" && t.Seqs > 1 && custom {
+		return nil, fmt.Errorf("speed: %s: batched decode runs on the flat cache only", t)
+	}
+	newExec := func(n, _ int) (executor.Executor, error) {
+		cache, err := newCache(n)
+		if err != nil {
+			return nil, err
+		}
+		return executor.NewLocal(m, cache), nil
+	}
+	samples, expertBytes, err := measure(t, reps, batch, c.VocabSize, newExec, m.ExpertBytesRead)
+	if err != nil {
+		return nil, err
+	}
+	r := &Result{Threads: m.Pool().Threads(), Params: c.Params()}
+	r.SizeBytes, r.Quant = weightBytes(m)
+	r.fill(t, batch, samples)
+	if t.Kind == "tg" {
+		// Weights are read once per step whatever the batch (of a
+		// mixture-of-experts model, the experts some row selected).
+		r.BytesPerToken = float64(r.SizeBytes-routedExpertBytes(m)) + float64(expertBytes)/float64(reps*t.N)
+		r.GBps = r.Mean / float64(max(t.Seqs, 1)) * r.BytesPerToken / 1e9
+	}
+	return r, nil
+}
+
+// Info is what a result reports of a model measured through RunExecutor,
+// whose executor runs it elsewhere (a tensor-parallel group of worker
+// processes).
+type Info struct {
+	Vocab, Context int
+	Params         int64
+	SizeBytes      int64
+	Quant          string
+	// Threads is the threads of all the workers together.
+	Threads int
+}
+
+// InfoOf is m's Info, threads its pool's.
+func InfoOf(m *model.Model) Info {
+	i := Info{Vocab: m.Config.VocabSize, Context: m.Config.ContextLen, Params: m.Config.Params(), Threads: m.Pool().Threads()}
+	i.SizeBytes, i.Quant = weightBytes(m)
+	return i
+}
+
+// RunExecutor measures t on the executors newExec makes, each on fresh
+// KV storage for n positions of seqs sequences, reps times after one
+// warm-up run. The executor plans its own KV (as a flat cache does).
+func RunExecutor(info Info, t Test, reps, batch int, newExec func(n, seqs int) (executor.Executor, error)) (*Result, error) {
+	if t.Depth < 0 || t.N+t.Depth > info.Context {
+		return nil, fmt.Errorf("speed: %s exceeds the context of %d", t, info.Context)
+	}
+	samples, _, err := measure(t, reps, batch, info.Vocab, newExec, func() uint64 { return 0 })
+	if err != nil {
+		return nil, err
+	}
+	r := &Result{Threads: info.Threads, Params: info.Params, SizeBytes: info.SizeBytes, Quant: info.Quant}
+	r.fill(t, batch, samples)
+	if t.Kind == "tg" {
+		r.BytesPerToken = float64(info.SizeBytes)
+		r.GBps = r.Mean / float64(max(t.Seqs, 1)) * r.BytesPerToken / 1e9
+	}
+	return r, nil
+}
+
+// fill sets what every result has from the test and its samples.
+func (r *Result) fill(t Test, batch int, samples []float64) {
+	seqs := max(t.Seqs, 1)
+	if t.Kind != "tg" {
+		seqs = 1
+	}
+	r.Test, r.Tokens, r.Batch = t.String(), t.N*seqs, cmp.Or(batch, 512)
+	r.Commit, r.CPU, r.GoVersion = Commit(), CPUName(), runtime.Version()
+	r.Samples = samples
+	r.Mean, r.Stddev, r.Min, r.Max = stats(samples)
+	if t.Kind == "tg" && seqs > 1 {
+		r.Seqs, r.PerSeq = seqs, r.Mean/float64(seqs)
+	}
+}
+
+// measure times t reps times after a warm-up, each run on a fresh
+// executor; expert counts what probe (the model's routed-expert counter)
+// moved during the timed runs.
+func measure(t Test, reps, batch, vocab int, newExec func(n, seqs int) (executor.Executor, error), probe func() uint64) ([]float64, uint64, error) {
+	if t.N <= 0 || reps <= 0 {
+		return nil, 0, fmt.Errorf("speed: %s: N and repetitions must be positive", t)
+	}
 	if batch <= 0 {
 		batch = 512
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	toks := make([]int32, t.Depth+t.N)
 	for i := range toks {
-		toks[i] = int32(rng.IntN(c.VocabSize))
+		toks[i] = int32(rng.IntN(vocab))
 	}
 	seqs := max(t.Seqs, 1)
 	if t.Kind != "tg" {
 		seqs = 1
 	}
 	if seqs > 1024 {
-		return nil, fmt.Errorf("speed: %s: at most 1024 sequences", t)
-	}
-	if seqs > 1 && custom {
-		return nil, fmt.Errorf("speed: %s: batched decode runs on the flat cache only", t)
+		return nil, 0, fmt.Errorf("speed: %s: at most 1024 sequences", t)
 	}
 	// prompt fills [from, to) of every sequence.
 	prompt := func(ex executor.Executor, from, to int) error {
@@ -133,17 +215,16 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 	}
 	var expertBytes uint64 // routed experts read by the timed passes
 	once := func() (time.Duration, error) {
-		cache, err := newCache(t.Depth + t.N)
+		ex, err := newExec(t.Depth+t.N, seqs)
 		if err != nil {
 			return 0, err
 		}
-		ex := executor.NewLocal(m, cache)
 		// The depth is filled first and not timed (llama-bench -d).
 		if err := prompt(ex, 0, t.Depth); err != nil {
 			return 0, err
 		}
-		e0 := m.ExpertBytesRead()
-		defer func() { expertBytes += m.ExpertBytesRead() - e0 }()
+		e0 := probe()
+		defer func() { expertBytes += probe() - e0 }()
 		start := time.Now()
 		switch t.Kind {
 		case "pp": // seqs is 1
@@ -173,30 +254,18 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 		return time.Since(start), nil
 	}
 	if _, err := once(); err != nil {
-		return nil, err
+		return nil, 0, err
 	}
-	r := &Result{Test: t.String(), Tokens: t.N * seqs, Threads: m.Pool().Threads(), Batch: batch,
-		Commit: Commit(), CPU: CPUName(), GoVersion: runtime.Version(), Params: c.Params()}
-	r.SizeBytes, r.Quant = weightBytes(m)
 	expertBytes = 0
+	var samples []float64
 	for i := 0; i < reps; i++ {
 		d, err := once()
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
-		r.Samples = append(r.Samples, float64(t.N*seqs)/d.Seconds())
+		samples = append(samples, float64(t.N*seqs)/d.Seconds())
 	}
-	r.Mean, r.Stddev, r.Min, r.Max = stats(r.Samples)
-	if t.Kind == "tg" {
-		// Weights are read once per step whatever the batch (of a
-		// mixture-of-experts model, the experts some row selected).
-		r.BytesPerToken = float64(r.SizeBytes-routedExpertBytes(m)) + float64(expertBytes)/float64(reps*t.N)
-		r.GBps = r.Mean / float64(seqs) * r.BytesPerToken / 1e9
-		if seqs > 1 {
-			r.Seqs, r.PerSeq = seqs, r.Mean/float64(seqs)
-		}
-	}
-	return r, nil
+	return samples, expertBytes, nil
 }
 
 func stats(x []float64) (mean, sd, lo, hi float64) {

@@ -51,6 +51,7 @@ func runBench(args []string) error {
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
 	depth := fs.Int("d", 0, "tokens already in the KV cache before each test (filled untimed, like llama-bench -d)")
 	kvf := addKVFlags(fs)
+	tpf := addTPFlags(fs)
 	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"bw", 0, 1 << 16}, {"d", 0, 1 << 24}}); err != nil {
 		return err
 	}
@@ -97,6 +98,21 @@ func runBench(args []string) error {
 	for _, t := range tests {
 		maxN = max(maxN, t.N)
 	}
+	grp, err := tpf.start(*modelPath, *threads, os.Stderr)
+	if err != nil {
+		return err
+	}
+	if grp != nil {
+		defer grp.close()
+		if *kvf.all != "" || *kvf.k != "" || *kvf.v != "" {
+			return fmt.Errorf("bench --tensor-parallel/--pipeline-parallel/--workers: the workers' KV storage is f32 (--kv-dtype is not carried to them)")
+		}
+		rs, err := benchGroup(grp, *modelPath, tests, *reps, *batch, maxN+*depth)
+		if err != nil {
+			return err
+		}
+		return printBench(rs, nil, *jsonOut)
+	}
 	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN+*depth, 0)})
 	if err != nil {
 		return err
@@ -132,7 +148,11 @@ func runBench(args []string) error {
 			}
 		}
 	}
-	if *jsonOut {
+	return printBench(rs, bw, *jsonOut)
+}
+
+func printBench(rs []*speed.Result, bw *speed.Bandwidth, jsonOut bool) error {
+	if jsonOut {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rs)

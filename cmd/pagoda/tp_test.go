@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -149,5 +150,84 @@ func TestRunTensorParallel(t *testing.T) {
 	code, _, stderr = pagoda(t, append(args, "--tensor-parallel", "2", "--kv-dtype", "q8_0")...)
 	if code == 0 || !strings.Contains(stderr, "--tensor-parallel/--workers run the default KV cache") {
 		t.Errorf("run --tensor-parallel with --kv-dtype: exit %d, %s", code, stderr)
+	}
+}
+
+// TestWireDTypeFlag: `run --tensor-parallel 2 --wire-dtype f16/bf16` on
+// stories260K prints what one process prints (its greedy tokens stay the
+// same over these 32 tokens: the rounding moves logits by ~1e-2), and a
+// wire form that is unknown, that has no workers to travel between, or
+// that a hand-started worker was pinned against is refused by name.
+func TestWireDTypeFlag(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
+	args := []string{"run", "-m", path, "-p", "Once upon a time", "-n", "32", "--temp", "0"}
+	code, want, stderr := pagoda(t, args...)
+	if code != 0 || want == "" {
+		t.Fatalf("run: exit %d: %s", code, stderr)
+	}
+	for _, d := range []string{"f16", "bf16"} {
+		code, got, stderr := pagoda(t, append(args, "--tensor-parallel", "2", "--wire-dtype", d)...)
+		if code != 0 || got != want {
+			t.Errorf("run --tensor-parallel 2 --wire-dtype %s: exit %d, printed %q, want %q\n%s", d, code, got, want, stderr)
+		}
+	}
+	listen := regexp.MustCompile(regexp.QuoteMeta(cluster.ListenLine) + `(\S+)`)
+	w0 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1", "--wire-dtype", "bf16")
+	w1 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{append(args, "--tensor-parallel", "2", "--wire-dtype", "fp8"), `wire dtype "fp8"`},
+		{append(args, "--wire-dtype", "f16"), "activations travel only between workers"},
+		{append(args, "--workers", w0+","+w1, "--wire-dtype", "f16"), "asks for f16 activations on the wire, this worker is started with --wire-dtype bf16"},
+	} {
+		code, _, stderr := pagoda(t, c.args...)
+		if code == 0 || !strings.Contains(stderr, c.want) {
+			t.Errorf("pagoda %v: exit %d, stderr %q (want %q)", c.args[len(args):], code, stderr, c.want)
+		}
+	}
+}
+
+// TestBenchGroup: `bench --tensor-parallel 2` and `--pipeline-parallel 2`
+// measure pp, tg and batched tg through worker processes (the coordinator
+// planning each step's KV), reporting every test with the group's name
+// and threads; KV formats the workers do not take are refused.
+func TestBenchGroup(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
+	for _, mode := range []string{"--tensor-parallel", "--pipeline-parallel"} {
+		args := []string{"bench", "-m", path, "-p", "16", "-n", "8", "-s", "1,2", "-r", "2", "-t", "2", "-bw", "0", "--json", mode, "2"}
+		code, out, stderr := pagoda(t, args...)
+		if code != 0 {
+			t.Fatalf("bench %s 2: exit %d: %s", mode, code, stderr)
+		}
+		var rs []struct {
+			Model   string    `json:"model"`
+			Test    string    `json:"test"`
+			Threads int       `json:"threads"`
+			Tokens  int       `json:"n_tokens"`
+			Samples []float64 `json:"samples_ts"`
+			Mean    float64   `json:"avg_ts"`
+			Params  int64     `json:"params"`
+		}
+		if err := json.Unmarshal([]byte(out), &rs); err != nil {
+			t.Fatalf("bench %s 2: %v\n%s", mode, err, out)
+		}
+		var tests []string
+		for _, r := range rs {
+			tests = append(tests, fmt.Sprintf("%s:%d", r.Test, r.Tokens))
+			tag := map[string]string{"--tensor-parallel": " tp2", "--pipeline-parallel": " pp2"}[mode]
+			if !strings.HasSuffix(r.Model, tag) || r.Threads != 2 || len(r.Samples) != 2 || !(r.Mean > 0) || r.Params < 200000 {
+				t.Errorf("bench %s 2: %+v", mode, r)
+			}
+		}
+		if got := strings.Join(tests, " "); got != "pp16:16 tg8:8 tg8x2:16" {
+			t.Errorf("bench %s 2: tests %s", mode, got)
+		}
+		t.Logf("bench %s 2: %s", mode, out)
+	}
+	code, _, stderr := pagoda(t, "bench", "-m", path, "-p", "16", "-n", "0", "--tensor-parallel", "2", "--kv-dtype", "q8_0")
+	if code == 0 || !strings.Contains(stderr, "--kv-dtype is not carried") {
+		t.Errorf("bench --tensor-parallel 2 --kv-dtype q8_0: exit %d, %s", code, stderr)
 	}
 }

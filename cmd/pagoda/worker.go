@@ -29,8 +29,14 @@ func runWorker(args []string) error {
 	tokPath := fs.String("tokenizer", "", "tokenizer file overriding the model's")
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs; the coordinator may set it per group)")
 	quiet := fs.Bool("quiet", false, "log only errors")
+	wire := fs.String("wire-dtype", "", "take only coordinators that send activations in this form: f32, f16 or bf16 (default: whatever the coordinator's --wire-dtype says)")
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	if *wire != "" {
+		if _, err := cluster.ParseWireDType(*wire); err != nil {
+			return fmt.Errorf("worker: --wire-dtype: %w", err)
+		}
 	}
 	if fs.NArg() > 0 {
 		return fmt.Errorf("worker: unexpected argument %q", fs.Arg(0))
@@ -53,7 +59,7 @@ func runWorker(args []string) error {
 	if *quiet {
 		level = slog.LevelError
 	}
-	w := &cluster.Worker{Model: path, Options: model.Options{Tokenizer: *tokPath, Threads: *threads},
+	w := &cluster.Worker{Model: path, Options: model.Options{Tokenizer: *tokPath, Threads: *threads}, Wire: *wire,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))}
 	fmt.Printf("%s%s\n", cluster.ListenLine, ln.Addr())
 	os.Stdout.Sync()
@@ -67,6 +73,7 @@ type tpFlags struct {
 	micro   *int
 	minRows *int
 	workers *string
+	wire    *string
 }
 
 func addTPFlags(fs *flag.FlagSet) *tpFlags {
@@ -75,6 +82,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		stages:  fs.Int("pipeline-parallel", 1, "pipeline stages: each worker process holds a contiguous range of the layers and their KV cache (M > 1 without --workers starts M local `pagoda worker` processes)"),
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
 		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
+		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
 		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
@@ -89,12 +97,30 @@ type tp struct {
 	pipeline bool
 	micro    int
 	minRows  int
+	wire     cluster.WireDType
 	pipe     *cluster.Pipeline
 	log      io.Writer
 }
 
 // start resolves the flags: nil when serving in this process.
 func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
+	wire, err := cluster.ParseWireDType(*f.wire)
+	if err != nil {
+		return nil, fmt.Errorf("--wire-dtype: %w", err)
+	}
+	t, err := f.start1(path, threads, log)
+	switch {
+	case err != nil:
+		return nil, err
+	case t == nil && wire != cluster.WireF32:
+		return nil, fmt.Errorf("--wire-dtype %s: activations travel only between workers (give --tensor-parallel, --pipeline-parallel or --workers)", wire)
+	case t != nil:
+		t.wire = wire
+	}
+	return t, nil
+}
+
+func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	addrs := splitList(*f.workers)
 	n, m := *f.ranks, *f.stages
 	switch {
@@ -196,7 +222,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	if t.pipeline {
 		return func(kc kvcache.Config) (executor.Executor, error) {
 			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
-				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows})
+				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire})
 			if err != nil {
 				return nil, err
 			}
@@ -205,7 +231,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 		}
 	}
 	return func(kc kvcache.Config) (executor.Executor, error) {
-		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx})
+		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire})
 		if err != nil {
 			return nil, err
 		}
