@@ -48,6 +48,10 @@ type Heads struct {
 	Out     []float32
 	Shared  bool
 	target  []float32 // the target's output matrix, V·D, for Shared heads
+	// outT is each head's output matrix transposed (D·V), for training:
+	// the backward pass's Oᵀ·g is then D dot products, which the kernels
+	// vectorise, instead of V scalar row updates. refreshT rebuilds it.
+	outT []float32
 	Tree    Tree
 	TopK    int
 	RankAcc []float64 // K·TopK: held-out fraction whose true token was head k's rank r
@@ -148,6 +152,26 @@ func (h *Heads) resid(k int, x, z, r []float32) {
 	}
 }
 
+// refreshT rebuilds outT from the current output matrices.
+func (h *Heads) refreshT() {
+	n := h.K
+	if h.Shared {
+		n = 1
+	}
+	if len(h.outT) != n*h.V*h.D {
+		h.outT = make([]float32, n*h.V*h.D)
+	}
+	d, v := h.D, h.V
+	for k := range n {
+		o, t := h.out(k), h.outT[k*v*d:(k+1)*v*d]
+		for r := range v {
+			for c, x := range o[r*d : (r+1)*d] {
+				t[c*v+r] = x
+			}
+		}
+	}
+}
+
 // logits writes head k's V logits for residual output r.
 func (h *Heads) logits(k int, r, out []float32) {
 	o, d := h.out(k), h.D
@@ -182,29 +206,27 @@ func (h *Heads) newScratch() *scratch {
 
 // lossGrad runs head k on feature x against token y, returns the
 // cross-entropy and adds scale × its gradient to grad (laid out as
-// Params).
+// Params). outT must be current (refreshT).
 func (h *Heads) lossGrad(k int, x []float32, y int32, scale float32, grad []float32, s *scratch) float64 {
 	d, v := h.D, h.V
 	h.resid(k, x, s.z, s.r)
 	h.logits(k, s.r, s.logits)
 	loss := softmaxCE(s.logits, y)
 	g := s.logits // now p − onehot(y)
-	o := h.out(k)
-	clear(s.dr)
-	var dOut []float32
+	ot := h.outT
 	if !h.Shared {
-		off := len(h.W) + len(h.B)
-		dOut = grad[off+k*v*d : off+(k+1)*v*d]
+		ot = ot[k*v*d : (k+1)*v*d]
 	}
-	for t := range v {
-		gt := g[t] * scale
-		if gt == 0 {
-			continue
-		}
-		row := o[t*d : (t+1)*d]
-		axpy(gt, row, s.dr)
-		if dOut != nil {
-			axpy(gt, s.r, dOut[t*d:(t+1)*d])
+	for j := range d {
+		s.dr[j] = scale * kernels.DotF32(ot[j*v:(j+1)*v], g)
+	}
+	if !h.Shared {
+		off := len(h.W) + len(h.B) + k*v*d
+		dOut := grad[off : off+v*d]
+		for t, gt := range g {
+			if gt != 0 {
+				axpy(gt*scale, s.r, dOut[t*d:(t+1)*d])
+			}
 		}
 	}
 	dW := grad[k*d*d : (k+1)*d*d]

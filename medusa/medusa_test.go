@@ -46,6 +46,7 @@ func TestGradients(t *testing.T) {
 			x[i] = float32(rng.NormFloat64())
 		}
 		s := h.newScratch()
+		h.refreshT()
 		for k := range h.K {
 			y := int32(rng.IntN(h.V))
 			grad := make([]float32, len(h.Params))

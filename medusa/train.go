@@ -120,6 +120,7 @@ func NewTrainer(h *Heads, tr, held *Data, o Options) (*Trainer, error) {
 		t.scr = append(t.scr, h.newScratch())
 	}
 	t.next = len(t.order)
+	h.refreshT()
 	return t, nil
 }
 
@@ -213,6 +214,9 @@ func (t *Trainer) TrainStep() (loss, gradNorm float64) {
 	gradNorm = train.ClipGradNorm(g, t.O.Clip)
 	lr := t.LR()
 	t.update(g, lr)
+	if !h.Shared {
+		h.refreshT()
+	}
 	t.Step++
 	t.Pos += int64(len(b))
 	t.elapsed += time.Since(t0)

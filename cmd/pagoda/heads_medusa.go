@@ -168,8 +168,15 @@ func medusaLoop(t *medusa.Trainer, evalEvery int) error {
 		}
 		return s
 	}
-	const scale = 1 << 20
-	bar.Start(0, scale)
+	// The schedule may end by time: the total is what the positions so
+	// far project over the whole of it.
+	total := func() int64 {
+		if f := t.Fraction(); f > 0 {
+			return int64(float64(t.Pos) / f)
+		}
+		return int64(t.O.Steps * t.O.Batch)
+	}
+	bar.Start(0, total())
 	wall := time.Now()
 	for !t.Done() {
 		var gn float64
@@ -180,7 +187,8 @@ func medusaLoop(t *medusa.Trainer, evalEvery int) error {
 		if evalEvery > 0 && t.Step%evalEvery == 0 {
 			held = t.HeldOut()
 		}
-		bar.Update(int64(t.Fraction() * scale))
+		bar.SetTotal(total())
+		bar.Update(t.Pos)
 		if !tty && t.Step%100 == 0 {
 			fmt.Fprintf(os.Stderr, "step %d  %d pos  loss %.4f  held-out %.4f  lr %.2e  |g| %.2f  %v\n",
 				t.Step, t.Pos, loss, held, t.History[len(t.History)-1].LR, gn, time.Since(wall).Round(time.Second))
