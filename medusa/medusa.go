@@ -43,15 +43,15 @@ type Heads struct {
 	// Params holds every trainable value, [W | B | Out], so that the
 	// optimizer's moments line up with it: W is K·D·D (head k's row i
 	// is output i), B is K·D, Out is K·V·D (empty when Shared).
-	Params  []float32
-	W, B    []float32
-	Out     []float32
-	Shared  bool
-	target  []float32 // the target's output matrix, V·D, for Shared heads
+	Params []float32
+	W, B   []float32
+	Out    []float32
+	Shared bool
+	target []float32 // the target's output matrix, V·D, for Shared heads
 	// outT is each head's output matrix transposed (D·V), for training:
 	// the backward pass's Oᵀ·g is then D dot products, which the kernels
 	// vectorise, instead of V scalar row updates. refreshT rebuilds it.
-	outT []float32
+	outT    []float32
 	Tree    Tree
 	TopK    int
 	RankAcc []float64 // K·TopK: held-out fraction whose true token was head k's rank r
