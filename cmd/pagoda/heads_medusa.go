@@ -207,9 +207,12 @@ func medusaReport(h *medusa.Heads, e *medusa.Eval) {
 	for k := range h.K {
 		fmt.Fprintf(os.Stderr, "%4d  t+%-6d %9d  %5.1f%%  %5.1f%%  %.3f\n", k+1, k+2, e.PerHead[k], 100*e.Top1(k), 100*e.TopKAcc(k), e.Loss[k])
 	}
-	depth := 0
+	var per []int
 	for i := range h.Tree.Len() {
-		depth = max(depth, h.Tree.Depth(i))
+		for len(per) < h.Tree.Depth(i) {
+			per = append(per, 0)
+		}
+		per[h.Tree.Depth(i)-1]++
 	}
-	fmt.Fprintf(os.Stderr, "static tree: %d nodes, depth %d\n", h.Tree.Len(), depth)
+	fmt.Fprintf(os.Stderr, "static tree: %d nodes, depth %d, nodes per depth %v\n", h.Tree.Len(), len(per), per)
 }
