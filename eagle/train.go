@@ -223,17 +223,17 @@ func newTrainer(d *Draft, o TrainOptions) *trainer {
 }
 
 type trainer struct {
-	d          *Draft
-	o          TrainOptions
-	rng        *train.RNG
+	d           *Draft
+	o           TrainOptions
+	rng         *train.RNG
 	grads, m, v []float32
-	gw         weights
-	p          pass
-	pos, par   []int32
-	tgt        []float32 // target feature rows
-	lt, ld, dl []float32 // target logits, draft logits, their gradient
-	dout       []float32
-	adamStep   int
+	gw          weights
+	p           pass
+	pos, par    []int32
+	tgt         []float32 // target feature rows
+	lt, ld, dl  []float32 // target logits, draft logits, their gradient
+	dout        []float32
+	adamStep    int
 }
 
 // step runs one optimizer step on the sequences batch.
