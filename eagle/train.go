@@ -321,13 +321,15 @@ func (t *trainer) loss(n, dd, V int) float64 {
 		}
 		lt, ld, dl := t.lt[i*V:(i+1)*V], t.ld[i*V:(i+1)*V], t.dl[i*V:(i+1)*V]
 		softmax(lt)
-		lse := logSumExp(ld)
+		lse := float32(logSumExp(ld))
 		for j, p := range lt {
-			lq := float64(ld[j]) - lse
 			if p > 0 {
-				ce -= float64(p) * lq
+				ce -= float64(p) * float64(ld[j]-lse)
 			}
-			dl[j] = wcls * (float32(math.Exp(lq)) - p) / float32(n)
+		}
+		softmax(ld)
+		for j, p := range lt {
+			dl[j] = wcls * (ld[j] - p) / float32(n)
 		}
 	}
 	t.p.tmp = grow(t.p.tmp, n*dd)
