@@ -164,6 +164,11 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 		copy(st.feat[st.nfeat*dd:], r.Features)
 		st.nfeat += nf
 	}
+	if !st.ok && st.n > 0 {
+		// The last row's KV is kept but not its output, which the tree
+		// grows from: run it again.
+		st.n--
+	}
 	end := min(st.nfeat, len(r.Tokens)-1) // rows j < end have f_j and x_{j+1}
 	if end > st.n {
 		n, from := end-st.n, st.n

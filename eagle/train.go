@@ -321,13 +321,11 @@ func (t *trainer) loss(n, dd, V int) float64 {
 		}
 		lt, ld, dl := t.lt[i*V:(i+1)*V], t.ld[i*V:(i+1)*V], t.dl[i*V:(i+1)*V]
 		softmax(lt)
-		lse := float32(logSumExp(ld))
+		var dot float64
 		for j, p := range lt {
-			if p > 0 {
-				ce -= float64(p) * float64(ld[j]-lse)
-			}
+			dot += float64(p) * float64(ld[j])
 		}
-		softmax(ld)
+		ce += softmax(ld) - dot // −Σ p·log q = lse − Σ p·logit
 		for j, p := range lt {
 			dl[j] = wcls * (ld[j] - p) / float32(n)
 		}
@@ -369,7 +367,8 @@ func growI(s []int32, n int) []int32 {
 	return s[:n]
 }
 
-func softmax(x []float32) {
+// softmax normalizes x in place and returns its log-sum-exp.
+func softmax(x []float32) float64 {
 	mx := x[0]
 	for _, v := range x {
 		mx = max(mx, v)
@@ -380,9 +379,11 @@ func softmax(x []float32) {
 		x[i] = e
 		sum += e
 	}
+	inv := 1 / sum
 	for i := range x {
-		x[i] /= sum
+		x[i] *= inv
 	}
+	return float64(mx) + math.Log(float64(sum))
 }
 
 func logSumExp(x []float32) float64 {
