@@ -352,3 +352,5 @@ func growKeep(s []float32, n int) []float32 {
 	copy(t, s)
 	return t
 }
+
+var _ spec.FeatureProposer = (*Proposer)(nil)
