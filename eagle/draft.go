@@ -32,6 +32,7 @@ import (
 
 	"pagoda/kernels"
 	"pagoda/model"
+	"pagoda/quant"
 )
 
 // Shape is the draft layer's geometry, from the target's config but for
@@ -110,12 +111,15 @@ func (s Shape) validate() error {
 // weights are views of the flat parameters (or of their gradients).
 type weights struct {
 	fc, fcb, q, k, v, o, norm, gate, up, down []float32
+	// q8, when set, is the matrices quantized to Q8_0 for proposing
+	// (nil entries: widths that are not whole Q8_0 blocks stay float32).
+	q8 *[nMats]*kernels.Matrix
 }
 
 func (s Shape) views(flat []float32) weights {
 	ts := s.tensors()
 	v := func(i int) []float32 { return flat[ts[i].off : ts[i].off+ts[i].size()] }
-	return weights{v(0), v(1), v(2), v(3), v(4), v(5), v(6), v(7), v(8), v(9)}
+	return weights{fc: v(0), fcb: v(1), q: v(2), k: v(3), v: v(4), o: v(5), norm: v(6), gate: v(7), up: v(8), down: v(9)}
 }
 
 // Draft is an EAGLE draft layer bound to its target. Its methods are not
@@ -133,6 +137,7 @@ type Draft struct {
 	targetSum string
 	eps       float32
 	freqs     []float32
+	cos, sin  []float32 // the rotations by position (ropeTable)
 	neox      bool
 	pool      *kernels.Pool
 	// headF is the output head dequantized (Vocab×D), built for training.
@@ -163,6 +168,36 @@ func newDraft(s Shape, target *model.Model, targetSum string) (*Draft, error) {
 	}
 	d.w = s.views(d.Params)
 	return d, nil
+}
+
+// quantized is the draft's weights with Q8_0 copies of its matrices: a
+// proposal runs a few rows at a time, where reading the weights is the
+// cost, and Q8_0 reads a quarter of float32's bytes (the target's own
+// matrices are usually quantized as much).
+func (d *Draft) quantized() (weights, error) {
+	w := d.w
+	var q8 [nMats]*kernels.Matrix
+	for i, f := range [nMats][]float32{w.fc, w.q, w.k, w.v, w.o, w.gate, w.up, w.down} {
+		t := d.Shape.tensors()[[nMats]int{0, 2, 3, 4, 5, 7, 8, 9}[i]]
+		if t.cols%32 != 0 {
+			continue
+		}
+		rb, err := quant.RowSize(quant.Q8_0, t.cols)
+		if err != nil {
+			return weights{}, err
+		}
+		b := make([]byte, t.rows*rb)
+		for r := range t.rows {
+			quant.QuantizeQ8_0(f[r*t.cols:(r+1)*t.cols], b[r*rb:(r+1)*rb])
+		}
+		m, err := kernels.NewMatrix(quant.Q8_0, t.rows, t.cols, b)
+		if err != nil {
+			return weights{}, err
+		}
+		q8[i] = m
+	}
+	w.q8 = &q8
+	return w, nil
 }
 
 // Close releases the draft's thread pool.

@@ -67,6 +67,29 @@ func matmul(p *kernels.Pool, out, x, w []float32, N, I, O int) {
 	kernels.MatMul(p, m, x[:N*I], out[:N*O], N)
 }
 
+// The draft's matrices, indexing weights.q8.
+const (
+	mFC = iota
+	mQ
+	mK
+	mV
+	mO
+	mGate
+	mUp
+	mDown
+	nMats
+)
+
+// mul is matmul by one of the draft's matrices: its Q8_0 copy when the
+// weights carry one (inference), else the float32 parameters (training).
+func (w *weights) mul(pool *kernels.Pool, i int, out, x, f []float32, N, I, O int) {
+	if w.q8 != nil && w.q8[i] != nil {
+		kernels.MatMul(pool, w.q8[i], x[:N*I], out[:N*O], N)
+		return
+	}
+	matmul(pool, out, x, f, N, I, O)
+}
+
 // transpose writes dst (cols×rows) = srcᵀ (rows×cols).
 func transpose(dst, src []float32, rows, cols int) {
 	const blk = 32
@@ -108,9 +131,12 @@ func (p *pass) backW(pool *kernels.Pool, dw, dy, x []float32, N, I, O int) {
 // adjoint of the rotation, which the backward pass needs.
 func (d *Draft) rope(x []float32, pos int, inv bool) {
 	n := len(d.freqs)
-	for i, f := range d.freqs {
-		s, c := math.Sincos(float64(pos) * float64(f))
-		sf, cf := float32(s), float32(c)
+	if (pos+1)*n > len(d.cos) {
+		d.ropeTable(pos + 1)
+	}
+	cs, sn := d.cos[pos*n:(pos+1)*n], d.sin[pos*n:(pos+1)*n]
+	for i := range d.freqs {
+		sf, cf := sn[i], cs[i]
 		if inv {
 			sf = -sf
 		}
@@ -124,6 +150,20 @@ func (d *Draft) rope(x []float32, pos int, inv bool) {
 	}
 }
 
+// ropeTable extends the rotation table to cover positions below n
+// (doubling, so that growth is rare).
+func (d *Draft) ropeTable(n int) {
+	n = max(n, 2*len(d.cos)/max(1, len(d.freqs)), 64)
+	k := len(d.freqs)
+	d.cos, d.sin = make([]float32, n*k), make([]float32, n*k)
+	for p := range n {
+		for i, f := range d.freqs {
+			s, c := math.Sincos(float64(p) * float64(f))
+			d.sin[p*k+i], d.cos[p*k+i] = float32(s), float32(c)
+		}
+	}
+}
+
 // forward runs p.n rows whose inputs p.xin (the [e; f] rows) are set.
 // Row i is at position pos[i], sees ctx[i] rows of the cache (ck, cv) and
 // its ancestors in the tree area (tk, tv, par), where it is row base+i:
@@ -133,16 +173,16 @@ func (d *Draft) forward(p *pass, w *weights, pos, ctx, par []int32, ck, cv, tk, 
 	s, n := d.Shape, p.n
 	dd, qd, kvd := s.D, s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
 	pool := d.pool
-	matmul(pool, p.x, p.xin, w.fc, n, 2*dd, dd)
+	w.mul(pool, mFC, p.x, p.xin, w.fc, n, 2*dd, dd)
 	for i := range n {
 		row := p.x[i*dd : (i+1)*dd]
 		for j, b := range w.fcb {
 			row[j] += b
 		}
 	}
-	matmul(pool, p.q, p.x, w.q, n, dd, qd)
-	matmul(pool, p.k, p.x, w.k, n, dd, kvd)
-	matmul(pool, p.v, p.x, w.v, n, dd, kvd)
+	w.mul(pool, mQ, p.q, p.x, w.q, n, dd, qd)
+	w.mul(pool, mK, p.k, p.x, w.k, n, dd, kvd)
+	w.mul(pool, mV, p.v, p.x, w.v, n, dd, kvd)
 	hd := s.HeadDim
 	for i := range n {
 		for h := range s.Heads {
@@ -166,7 +206,7 @@ func (d *Draft) forward(p *pass, w *weights, pos, ctx, par []int32, ck, cv, tk, 
 			sc = d.attendRow(p, i, c, par, ck, cv, tk, tv, base, sc)
 		}
 	})
-	matmul(pool, p.o, p.att, w.o, n, qd, dd)
+	w.mul(pool, mO, p.o, p.att, w.o, n, qd, dd)
 	for i := range p.h1[:n*dd] {
 		p.h1[i] = p.x[i] + p.o[i]
 	}
@@ -183,12 +223,12 @@ func (d *Draft) forward(p *pass, w *weights, pos, ctx, par []int32, ck, cv, tk, 
 		}
 	}
 	f := s.FFN
-	matmul(pool, p.g, p.hn, w.gate, n, dd, f)
-	matmul(pool, p.u, p.hn, w.up, n, dd, f)
+	w.mul(pool, mGate, p.g, p.hn, w.gate, n, dd, f)
+	w.mul(pool, mUp, p.u, p.hn, w.up, n, dd, f)
 	for i, g := range p.g[:n*f] {
 		p.a[i] = g / (1 + float32(math.Exp(float64(-g)))) * p.u[i]
 	}
-	matmul(pool, p.out, p.a, w.down, n, f, dd)
+	w.mul(pool, mDown, p.out, p.a, w.down, n, f, dd)
 	for i := range p.out[:n*dd] {
 		p.out[i] += p.h1[i]
 	}
@@ -203,32 +243,27 @@ func (d *Draft) attendRow(p *pass, i int, ctx int32, par []int32, ck, cv, tk, tv
 	for h := range s.Heads {
 		g := h / grp
 		q := p.q[i*qd+h*hd : i*qd+(h+1)*hd]
-		sc = sc[:0]
-		mx := float32(math.Inf(-1))
-		for j := range int(ctx) {
-			v := kernels.DotF32(q, ck[j*kvd+g*hd:j*kvd+(g+1)*hd]) * scale
-			sc = append(sc, v)
-			mx = max(mx, v)
+		c := int(ctx)
+		sc = grow(sc, c)
+		if c > 0 {
+			kernels.AttnScoresF32(sc, q, ck[g*hd:(c-1)*kvd+(g+1)*hd], kvd)
+			for j := range sc {
+				sc[j] *= scale
+			}
 		}
 		for r := base + i; r >= 0; r = int(par[r]) {
 			v := kernels.DotF32(q, tk[r*kvd+g*hd:r*kvd+(g+1)*hd]) * scale
 			sc = append(sc, v)
-			mx = max(mx, v)
 		}
-		var sum float32
-		for j, v := range sc {
-			e := float32(math.Exp(float64(v - mx)))
-			sc[j] = e
-			sum += e
-		}
+		kernels.Softmax(sc)
 		out := p.att[i*qd+h*hd : i*qd+(h+1)*hd]
 		clear(out)
-		j := 0
-		for ; j < int(ctx); j++ {
-			axpy(out, sc[j]/sum, cv[j*kvd+g*hd:j*kvd+(g+1)*hd])
+		if c > 0 {
+			kernels.AttnMixF32(out, sc[:c], cv[g*hd:(c-1)*kvd+(g+1)*hd], kvd)
 		}
+		j := c
 		for r := base + i; r >= 0; r = int(par[r]) {
-			axpy(out, sc[j]/sum, tv[r*kvd+g*hd:r*kvd+(g+1)*hd])
+			axpy(out, sc[j], tv[r*kvd+g*hd:r*kvd+(g+1)*hd])
 			j++
 		}
 	}

@@ -41,6 +41,7 @@ func (o *ProposerOptions) defaults() {
 // (Req.Probs empty), siblings distinct (a top-k). One goroutine calls it.
 type Proposer struct {
 	d    *Draft
+	w    weights // d's, with Q8_0 matrices
 	o    ProposerOptions
 	seqs map[int32]*seqState
 
@@ -89,7 +90,11 @@ func (d *Draft) Proposer(o ProposerOptions) *Proposer {
 	s := d.Shape
 	kvd := s.KVHeads * s.HeadDim
 	rows := o.TopK * o.Depth
-	return &Proposer{d: d, o: o, seqs: map[int32]*seqState{},
+	w, err := d.quantized()
+	if err != nil {
+		w = d.w // cannot happen for shapes newDraft accepts; float32 then
+	}
+	return &Proposer{d: d, w: w, o: o, seqs: map[int32]*seqState{},
 		tk: make([]float32, rows*kvd), tv: make([]float32, rows*kvd), tpar: make([]int32, rows),
 		logits: make([]float32, max(1, o.TopK)*s.Vocab), top: make([]cand, 0, o.TopK)}
 }
@@ -184,7 +189,7 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 			copy(in[dd:], st.feat[j*dd:(j+1)*dd])
 		}
 		st.k, st.v = growKeep(st.k, end*kvd), growKeep(st.v, end*kvd)
-		d.forward(&p.p, &d.w, p.pos, p.ctx, p.par, st.k, st.v, p.p.k, p.p.v, 0)
+		d.forward(&p.p, &p.w, p.pos, p.ctx, p.par, st.k, st.v, p.p.k, p.p.v, 0)
 		copy(st.k[from*kvd:], p.p.k[:n*kvd])
 		copy(st.v[from*kvd:], p.p.v[:n*kvd])
 		st.n = end
@@ -231,7 +236,7 @@ func (p *Proposer) grow(r *spec.Req, st *seqState) error {
 				copy(in[dd:], p.feats(nd.src))
 			}
 		}
-		d.forward(&p.p, &d.w, p.pos, p.ctx, p.tpar, st.k, st.v, p.tk, p.tv, rows)
+		d.forward(&p.p, &p.w, p.pos, p.ctx, p.tpar, st.k, st.v, p.tk, p.tv, rows)
 		p.keepOut(rows, n)
 		p.head(p.p.out, n)
 		p.nxt = p.nxt[:0]
@@ -315,10 +320,9 @@ func (p *Proposer) head(x []float32, n int) {
 }
 
 // topk is the TopK tokens of a logits row with their log-probabilities,
-// most likely first; it reuses p.top.
+// most likely first; it reuses p.top and leaves row softmaxed.
 func (p *Proposer) topk(row []float32) []cand {
 	K := p.o.TopK
-	lse := logSumExp(row)
 	top := p.top[:0]
 	for t, v := range row {
 		if len(top) == K && float64(v) <= top[K-1].lp {
@@ -334,8 +338,9 @@ func (p *Proposer) topk(row []float32) []cand {
 			top[i], top[i-1] = top[i-1], top[i]
 		}
 	}
+	kernels.Softmax(row)
 	for i := range top {
-		top[i].lp -= lse
+		top[i].lp = math.Log(float64(row[top[i].tok]))
 		if math.IsNaN(top[i].lp) {
 			top[i].lp = math.Inf(-1)
 		}
