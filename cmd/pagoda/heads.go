@@ -1,6 +1,7 @@
 package main
 
 import (
+	"flag"
 	"fmt"
 	"slices"
 	"strings"
@@ -17,6 +18,13 @@ func init() {
 // cmdHeads runs `pagoda heads SUBCOMMAND`: speculation heads trained for
 // a target (Medusa heads, an EAGLE draft layer).
 func cmdHeads(args []string) error {
+	if len(args) > 0 && (args[0] == "-h" || args[0] == "-help" || args[0] == "--help") {
+		fs := flag.NewFlagSet("heads", flag.ContinueOnError)
+		fs.Usage = func() {
+			fmt.Fprintf(fs.Output(), "Usage of heads:\n  pagoda heads train --kind %s -m TARGET -o OUT.gguf [flags]\n  (pagoda heads train --kind KIND -h lists a kind's flags)\n", strings.Join(headKinds(), "|"))
+		}
+		return fs.Parse(args)
+	}
 	if len(args) == 0 || args[0] != "train" {
 		return fmt.Errorf("usage: pagoda heads train --kind %s -m TARGET [flags]", strings.Join(headKinds(), "|"))
 	}

@@ -1,0 +1,129 @@
+package eagle
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+
+	"pagoda/model"
+	"pagoda/spec"
+)
+
+// checkTree asserts what the engine relies on: a valid tree of at most
+// max nodes, siblings with distinct tokens, no probabilities.
+func checkTree(t *testing.T, r *spec.Req, max int) {
+	t.Helper()
+	if len(r.Draft) > max {
+		t.Fatalf("%d nodes for a budget of %d", len(r.Draft), max)
+	}
+	if len(r.Parent) != len(r.Draft) {
+		t.Fatalf("%d parents for %d nodes", len(r.Parent), len(r.Draft))
+	}
+	if err := spec.CheckTree(r.Parent, len(r.Draft)); err != nil {
+		t.Fatal(err)
+	}
+	seen := map[[2]int32]bool{}
+	for i, p := range r.Parent {
+		k := [2]int32{p, r.Draft[i]}
+		if seen[k] {
+			t.Fatalf("node %d repeats token %d under parent %d", i, r.Draft[i], p)
+		}
+		seen[k] = true
+	}
+	if len(r.Probs) != 0 {
+		t.Fatal("EAGLE drafts are deterministic: Probs must stay empty")
+	}
+}
+
+func sampleOne(t *testing.T, m *model.Model, n int, seed uint64) *Data {
+	t.Helper()
+	data, err := Sample(context.Background(), m, 1, n, 1, seed, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
+}
+
+func propose(t *testing.T, p *Proposer, id int32, toks []int32, feats []float32, from, max int) *spec.Req {
+	t.Helper()
+	r := &spec.Req{ID: id, Tokens: toks, Max: max, Features: feats, FeatFrom: from}
+	if err := p.Propose([]*spec.Req{r}); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestProposerTree: trees are valid under any budget, the budget and the
+// top-k bound the node count, and a sequence fed in pieces, truncated and
+// re-fed drafts exactly what a fresh proposer given the same tokens and
+// features at once drafts; Free forgets.
+func TestProposerTree(t *testing.T) {
+	d := randomDraft(t, 7)
+	m := d.target
+	dd := d.Shape.D
+	data := sampleOne(t, m, 40, 3)
+	seq, f := data.Seqs[0], data.Feats[0]
+	o := ProposerOptions{TopK: 3, Depth: 4}
+	p := d.Proposer(o)
+	for _, max := range []int{1, 2, 7, 30, 1000000} {
+		r := propose(t, p, int32(max), seq[:20], f[:19*dd], 0, max)
+		checkTree(t, r, max)
+		want := min(max, 3+3*3*3)
+		if len(r.Draft) != want {
+			t.Errorf("budget %d: %d nodes, want %d", max, len(r.Draft), want)
+		}
+	}
+	if r := propose(t, p, 99, seq[:20], f[:19*dd], 0, 0); len(r.Draft) != 0 {
+		t.Errorf("a budget of 0 drafted %d nodes", len(r.Draft))
+	}
+
+	// Fed in pieces as decoding goes: features up to len-2 each time.
+	q := d.Proposer(o)
+	propose(t, q, 1, seq[:10], f[:9*dd], 0, 16)
+	propose(t, q, 1, seq[:15], f[9*dd:14*dd], 9, 16)
+	// A verification kept only 12 tokens, then the target recomputed from
+	// position 11 with new tokens: the sequence continues differently.
+	q.Truncate(1, 12)
+	alt := append(slices.Clone(seq[:12]), seq[30:36]...)
+	altF, err := Features(m, alt)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := propose(t, q, 1, alt, altF[11*dd:(len(alt)-1)*dd], 11, 16)
+	fresh := propose(t, d.Proposer(o), 1, alt, altF[:(len(alt)-1)*dd], 0, 16)
+	if fmt.Sprint(got.Draft, got.Parent) != fmt.Sprint(fresh.Draft, fresh.Parent) {
+		t.Errorf("after truncate and re-feed: %v %v; fresh: %v %v", got.Draft, got.Parent, fresh.Draft, fresh.Parent)
+	}
+	checkTree(t, got, 16)
+	// No new features but the state is current: the same tree again.
+	again := propose(t, q, 1, alt, nil, 0, 16)
+	if fmt.Sprint(again.Draft) != fmt.Sprint(got.Draft) {
+		t.Errorf("re-proposing without new features changed the tree: %v, then %v", got.Draft, again.Draft)
+	}
+	// Truncated to tokens whose features it has: the last row is run
+	// again, and the tree is a fresh proposer's.
+	q.Truncate(1, 14)
+	got = propose(t, q, 1, alt[:14], nil, 0, 16)
+	fresh = propose(t, d.Proposer(o), 1, alt[:14], altF[:13*dd], 0, 16)
+	if len(got.Draft) == 0 || fmt.Sprint(got.Draft, got.Parent) != fmt.Sprint(fresh.Draft, fresh.Parent) {
+		t.Errorf("after truncating to 14 tokens: %v %v; fresh: %v %v", got.Draft, got.Parent, fresh.Draft, fresh.Parent)
+	}
+	// Truncated further than the features it was given reach: no draft.
+	q.Truncate(1, 6)
+	if r := propose(t, q, 1, alt[:9], nil, 0, 16); len(r.Draft) != 0 {
+		t.Errorf("drafted %v without the features of tokens 6..7", r.Draft)
+	}
+	q.Free(1)
+	if _, ok := q.seqs[1]; ok {
+		t.Error("Free kept the sequence's state")
+	}
+	// A gap in the features (the first call starts mid-sequence): no
+	// draft, no error.
+	if r := propose(t, q, 2, seq[:20], f[10*dd:19*dd], 10, 16); len(r.Draft) != 0 {
+		t.Errorf("drafted %v over missing features", r.Draft)
+	}
+	if err := q.Propose([]*spec.Req{{ID: 3, Tokens: seq[:5], Max: 4, Features: f[:3]}}); err == nil {
+		t.Error("features that are not whole rows were accepted")
+	}
+}
