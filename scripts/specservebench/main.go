@@ -45,6 +45,10 @@ var setups = map[string][]string{
 	"ngram-nocontrol": {"--spec-method", "ngram", "--spec-control=false"},
 	"draft":           {"--spec-method", "draft"}, // with --draft from -draft
 	"draft-nocontrol": {"--spec-method", "draft", "--spec-control=false"},
+	// Always drafting --spec-tokens: the acceptance of the drafter itself,
+	// not of the drafts the controller or cost model let through.
+	"ngram-fixed": {"--spec-method", "ngram", "--spec-control=false", "--spec-fixed"},
+	"draft-fixed": {"--spec-method", "draft", "--spec-control=false", "--spec-fixed"},
 }
 
 func main() {
