@@ -30,7 +30,11 @@ type Config struct {
 	BaseURL  string // server root, e.g. http://127.0.0.1:8080 (a trailing /v1 is accepted)
 	Model    string
 	Endpoint string // "completions" (default) or "chat"
-	Dataset  string // "random" (default) or "shared-prefix"
+	Dataset  string // "random" (default), "shared-prefix" or "text"
+	// Text is the "text" dataset's corpus: each prompt is InputLen tokens
+	// of it from a random offset (needs Tokenizer). Speculation's
+	// acceptance depends on the text, so random token ids would misstate it.
+	Text string
 
 	NumPrompts  int
 	InputLen    int     // random tokens per prompt (after the shared prefix)
@@ -96,8 +100,10 @@ func (c *Config) defaults() error {
 		return errors.New("bench: BaseURL is required")
 	case c.Endpoint != "completions" && c.Endpoint != "chat":
 		return fmt.Errorf("bench: endpoint %q: want completions or chat", c.Endpoint)
-	case c.Dataset != "random" && c.Dataset != "shared-prefix":
-		return fmt.Errorf("bench: dataset %q: want random or shared-prefix", c.Dataset)
+	case c.Dataset != "random" && c.Dataset != "shared-prefix" && c.Dataset != "text":
+		return fmt.Errorf("bench: dataset %q: want random, shared-prefix or text", c.Dataset)
+	case c.Dataset == "text" && (c.Tokenizer == nil || c.Text == ""):
+		return errors.New("bench: the text dataset needs a tokenizer and a text")
 	case c.NumPrompts <= 0:
 		return fmt.Errorf("bench: NumPrompts must be positive, got %d", c.NumPrompts)
 	case c.InputLen <= 0 && !(c.Dataset == "shared-prefix" && c.PrefixLen > 0):
@@ -154,6 +160,9 @@ func (c *Config) dataset(ctx context.Context) ([]prompt, error) {
 			prefixes = append(prefixes, c.randomIDs(rng, c.PrefixLen))
 		}
 	}
+	if c.Dataset == "text" {
+		return c.textDataset(rng)
+	}
 	out := make([]prompt, c.NumPrompts)
 	for i := range out {
 		var ids []int32
@@ -174,6 +183,23 @@ func (c *Config) dataset(ctx context.Context) ([]prompt, error) {
 			}
 			out[i] = prompt{text: text, len: len(ids)}
 		}
+	}
+	return out, nil
+}
+
+// textDataset is NumPrompts stretches of Text, each InputLen tokens
+// (within RangeRatio) from a random offset, as text.
+func (c *Config) textDataset(rng *rand.Rand) ([]prompt, error) {
+	corpus := c.Tokenizer.Encode(c.Text, tokenizer.Options{})
+	out := make([]prompt, c.NumPrompts)
+	for i := range out {
+		n := c.lengths(rng, c.InputLen)
+		if n >= len(corpus) {
+			return nil, fmt.Errorf("bench: the text holds %d tokens, too few for prompts of %d", len(corpus), n)
+		}
+		at := rng.IntN(len(corpus) - n)
+		text, k := fitText(c.Tokenizer, corpus[at:at+n])
+		out[i] = prompt{text: text, len: k}
 	}
 	return out, nil
 }

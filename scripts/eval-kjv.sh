@@ -7,7 +7,11 @@
 # held-out chapters (default /work/train-run/kjv/heldout.txt, made by
 # scripts/kjv-data.sh), PAGODA a pagoda binary (default: built here).
 # The text is real held-out text (chapters never trained on), not the
-# model's samples. About 16 minutes on two shared cores.
+# model's samples. BOS=1 starts every segment (and the long stream) with
+# <|endoftext|>, as a model fine-tuned on BOS-anchored windows
+# (scripts/train-kjv-bos.sh) was trained; ONLY=streaming runs only the
+# two StreamingLLM measurements (with the sink mass). About 16 minutes on
+# two shared cores.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-docs/eval/kjv}
@@ -18,13 +22,15 @@ if [ -z "${PAGODA:-}" ]; then
 	PAGODA=$(mktemp -d)/pagoda
 	go build -o "$PAGODA" ./cmd/pagoda
 fi
-ev() { "$PAGODA" eval -m "$model" --threads 2 -f "$corpus" "$@"; }
+ev() { "$PAGODA" eval -m "$model" --threads 2 -f "$corpus" ${BOS:+--bos} "$@"; }
 N=8192 # tokens evaluated: 16 segments of 512
 
+if [ "${ONLY:-}" != streaming ]; then
 # KV precision: f16, q8_0, q4_0, KIVI 2-bit with per-channel keys (the
 # paper's choice) against per-token keys, and KIVI 4-bit.
 ev --max-tokens $N --segment 512 --kv f16,q8_0,q4_0,kivi2,kivi2:k=token,kivi4 \
 	--title "KV precision on the KJV model: 16 held-out 512-token segments" --md "$out/precision.md"
+fi
 
 # 1a. StreamingLLM inside the trained context, with the sink mass.
 ev --max-tokens $N --segment 512 --sink-mass 4 \
@@ -37,6 +43,8 @@ ev --ctx 2048 --max-tokens 2048 --sink-mass 4 \
 	--kv streaming:sinks=0,window=128,streaming:sinks=4,window=124,streaming:sinks=0,window=512,streaming:sinks=4,window=508 \
 	--title "KJV StreamingLLM past the trained context (512): one 2048-token stream" \
 	--curve "$out/streaming-2048.svg" --curve-bin 64 --md "$out/streaming-2048.md"
+
+[ "${ONLY:-}" = streaming ] && exit 0
 
 # 2. Equal token budgets: a 448-token prompt in one pass, 64 tokens decoded.
 kv=""

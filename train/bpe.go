@@ -19,6 +19,9 @@ type Vocab struct {
 	Types  []int32
 	Merges []string // "a b", in rank order
 	EOT    int32    // <|endoftext|>, also BOS and EOS
+	// AddBOS is written as tokenizer.ggml.add_bos_token: set for a model
+	// trained on BOS-anchored windows, so prompts start as its windows did.
+	AddBOS bool
 }
 
 const eotText = "<|endoftext|>"
@@ -195,7 +198,7 @@ func (v *Vocab) Meta() []Meta {
 		{Key: "tokenizer.ggml.merges", Value: v.Merges},
 		{Key: "tokenizer.ggml.bos_token_id", Value: uint32(v.EOT)},
 		{Key: "tokenizer.ggml.eos_token_id", Value: uint32(v.EOT)},
-		{Key: "tokenizer.ggml.add_bos_token", Value: false},
+		{Key: "tokenizer.ggml.add_bos_token", Value: v.AddBOS},
 	}
 }
 
@@ -224,5 +227,5 @@ func VocabFromGGUF(f *gguf.File) (*Vocab, error) {
 			types[i] = tokenizer.TypeNormal
 		}
 	}
-	return &Vocab{Tokens: tv.Tokens, Types: types, Merges: merges, EOT: tv.EOS}, nil
+	return &Vocab{Tokens: tv.Tokens, Types: types, Merges: merges, EOT: tv.EOS, AddBOS: tv.AddBOS}, nil
 }

@@ -23,6 +23,13 @@ type Options struct {
 	WeightDecay float64
 	Clip        float64 // gradient-norm bound (0: none)
 	Seed        uint64
+	// BOS anchors every window, training and held-out, at BOSToken: the
+	// token at position 0 is always the same one, which is what lets a
+	// model grow attention sinks (StreamingLLM: a model trained on windows
+	// at random offsets has no fixed first token to dump attention on).
+	// The window then holds Seq-1 data tokens after it.
+	BOS      bool
+	BOSToken int32
 }
 
 // Validate reports options a run cannot use.
@@ -40,6 +47,8 @@ func (o Options) Validate(c Config) error {
 		return fmt.Errorf("train: learning rate %g (min %g) out of range", o.LR, o.MinLR)
 	case o.WeightDecay < 0 || o.Clip < 0:
 		return fmt.Errorf("train: weight decay %g and clip %g must not be negative", o.WeightDecay, o.Clip)
+	case o.BOS && (o.BOSToken < 0 || int(o.BOSToken) >= c.Vocab):
+		return fmt.Errorf("train: BOS token %d outside the vocabulary of %d", o.BOSToken, c.Vocab)
 	}
 	return nil
 }
@@ -71,6 +80,11 @@ type State struct {
 	Elapsed time.Duration
 	Tokens  int64
 	History []Point
+	// SchedStep and SchedElapsed are where the current schedule began: 0
+	// for a run trained in one schedule, the fine-tuning point after
+	// FineTune. Steps, Time, warm-up and decay count from there.
+	SchedStep    int
+	SchedElapsed time.Duration
 }
 
 const stateVersion = 1
@@ -121,36 +135,68 @@ func newRun(st State, m *Model, train, held []int32) (*Run, error) {
 	return r, nil
 }
 
+// sched is the step and training time into the current schedule.
+func (r *Run) sched() (int, time.Duration) {
+	return r.Step - r.SchedStep, r.Elapsed - r.SchedElapsed
+}
+
 // Done says whether the run has used its steps or its time.
 func (r *Run) Done() bool {
 	o := r.Options
-	return (o.Steps > 0 && r.Step >= o.Steps) || (o.Time > 0 && r.Elapsed >= o.Time)
+	step, el := r.sched()
+	return (o.Steps > 0 && step >= o.Steps) || (o.Time > 0 && el >= o.Time)
 }
 
 // LR is the learning rate of the next step.
 func (r *Run) LR() float64 {
 	o := r.Options
+	step, el := r.sched()
 	if o.Time <= 0 {
-		return Schedule{Max: o.LR, Min: o.MinLR, Warmup: o.Warmup, Total: o.Steps}.At(r.Step)
+		return Schedule{Max: o.LR, Min: o.MinLR, Warmup: o.Warmup, Total: o.Steps}.At(step)
 	}
-	if r.Step < o.Warmup {
-		return o.LR * float64(r.Step+1) / float64(o.Warmup)
+	if step < o.Warmup {
+		return o.LR * float64(step+1) / float64(o.Warmup)
 	}
-	f := min(1, float64(r.Elapsed)/float64(o.Time))
+	f := min(1, float64(el)/float64(o.Time))
 	return o.MinLR + 0.5*(o.LR-o.MinLR)*(1+math.Cos(math.Pi*f))
 }
 
-// Fraction is how far the run is, in [0, 1].
+// Fraction is how far the current schedule is, in [0, 1].
 func (r *Run) Fraction() float64 {
 	o := r.Options
+	step, el := r.sched()
 	f := 0.0
 	if o.Steps > 0 {
-		f = float64(r.Step) / float64(o.Steps)
+		f = float64(step) / float64(o.Steps)
 	}
 	if o.Time > 0 {
-		f = max(f, float64(r.Elapsed)/float64(o.Time))
+		f = max(f, float64(el)/float64(o.Time))
 	}
 	return min(1, f)
+}
+
+// window fills in and tgt (one sequence each) from data at offset at:
+// with bos >= 0 the window is bos and then len(in)-1 data tokens, each
+// position predicting the next data token; without, len(in) data tokens.
+// The window needs len(in)+1 data tokens from at without bos, len(in)
+// with it.
+func window(in, tgt, data []int32, at int, bos int32) {
+	if bos < 0 {
+		copy(in, data[at:at+len(in)])
+		copy(tgt, data[at+1:at+len(in)+1])
+		return
+	}
+	in[0] = bos
+	copy(in[1:], data[at:at+len(in)-1])
+	copy(tgt, data[at:at+len(in)])
+}
+
+// bos is the token windows start with, -1 for none.
+func (o Options) bos() int32 {
+	if o.BOS {
+		return o.BOSToken
+	}
+	return -1
 }
 
 // TrainStep draws a batch of random windows, takes one optimizer step and
@@ -160,8 +206,7 @@ func (r *Run) TrainStep() (loss, gradNorm float64, err error) {
 	o := r.Options
 	for b := 0; b < o.Batch; b++ {
 		at := r.rng.Intn(len(r.train) - o.Seq - 1)
-		copy(r.in[b*o.Seq:(b+1)*o.Seq], r.train[at:at+o.Seq])
-		copy(r.tgt[b*o.Seq:(b+1)*o.Seq], r.train[at+1:at+o.Seq+1])
+		window(r.in[b*o.Seq:(b+1)*o.Seq], r.tgt[b*o.Seq:(b+1)*o.Seq], r.train, at, o.bos())
 	}
 	if loss, err = r.Model.Forward(r.in, r.tgt, o.Batch, o.Seq); err != nil {
 		return 0, 0, err
@@ -187,7 +232,7 @@ func (r *Run) TrainStep() (loss, gradNorm float64, err error) {
 // non-overlapping windows of the held-out tokens (the same ones every
 // time), recorded on the last history point.
 func (r *Run) HeldOutLoss(windows int) (float64, error) {
-	loss, n, err := EvalLoss(r.Model, r.held, r.Options.Seq, r.Options.Batch, windows)
+	loss, n, err := r.EvalHeldOut(windows)
 	if err != nil {
 		return 0, err
 	}
@@ -200,11 +245,32 @@ func (r *Run) HeldOutLoss(windows int) (float64, error) {
 	return loss, nil
 }
 
+// EvalHeldOut is the mean loss over up to windows (0: all) held-out
+// windows shaped as the training windows are (BOS-anchored when they
+// are), and the number of windows used.
+func (r *Run) EvalHeldOut(windows int) (float64, int, error) {
+	return EvalLossBOS(r.Model, r.held, r.Options.Seq, r.Options.Batch, windows, r.Options.bos())
+}
+
 // EvalLoss is the mean next-token loss of m over up to windows
 // consecutive windows of seq+1 tokens of data (0: all), batch at a time,
 // and the number of windows used.
 func EvalLoss(m *Model, data []int32, seq, batch, windows int) (float64, int, error) {
-	n := (len(data) - 1) / seq
+	return EvalLossBOS(m, data, seq, batch, windows, -1)
+}
+
+// EvalLossBOS is EvalLoss with every window starting with bos (>= 0) and
+// then seq-1 data tokens, consecutive windows covering the data; bos < 0
+// is EvalLoss.
+func EvalLossBOS(m *Model, data []int32, seq, batch, windows int, bos int32) (float64, int, error) {
+	stride := seq
+	if bos >= 0 {
+		stride = seq - 1
+	}
+	if stride < 1 {
+		return 0, 0, fmt.Errorf("train: BOS-anchored windows of %d tokens hold no data", seq)
+	}
+	n := max(0, (len(data)-1)/stride)
 	if windows > 0 {
 		n = min(n, windows)
 	}
@@ -213,9 +279,7 @@ func EvalLoss(m *Model, data []int32, seq, batch, windows int) (float64, int, er
 	for w := 0; w < n; w += batch {
 		b := min(batch, n-w)
 		for i := 0; i < b; i++ {
-			at := (w + i) * seq
-			copy(in[i*seq:], data[at:at+seq])
-			copy(tgt[i*seq:], data[at+1:at+seq+1])
+			window(in[i*seq:(i+1)*seq], tgt[i*seq:(i+1)*seq], data, (w+i)*stride, bos)
 		}
 		loss, err := m.Forward(in[:b*seq], tgt[:b*seq], b, seq)
 		if err != nil {
@@ -276,8 +340,8 @@ func Resume(path string, train, held []int32, threads int, change func(*Options)
 }
 
 // ResumeState continues a loaded state. change may alter the options that
-// do not shape the data (a longer run: more steps or time); the batch and
-// sequence length stay.
+// do not shape the data (a longer run: more steps or time); the batch,
+// sequence length and BOS anchoring stay (FineTune changes them).
 func ResumeState(st *State, train, held []int32, threads int, change func(*Options)) (*Run, error) {
 	if change != nil {
 		o := st.Options
@@ -285,11 +349,32 @@ func ResumeState(st *State, train, held []int32, threads int, change func(*Optio
 		if o.Batch != st.Options.Batch || o.Seq != st.Options.Seq {
 			return nil, fmt.Errorf("train: resuming cannot change the batch (%d) or sequence length (%d)", st.Options.Batch, st.Options.Seq)
 		}
+		if o.BOS != st.Options.BOS || (o.BOS && o.BOSToken != st.Options.BOSToken) {
+			return nil, fmt.Errorf("train: resuming cannot change the BOS anchoring of the windows (%v); fine-tune instead", st.Options.BOS)
+		}
 		if err := o.Validate(st.Config); err != nil {
 			return nil, err
 		}
 		st.Options = o
 	}
+	return restore(st, train, held, threads)
+}
+
+// FineTune continues a loaded state's weights and optimizer moments under
+// new options (other windows: BOS anchoring, batch, sequence length) and
+// a new schedule: warm-up and decay start again at the state's step and
+// training time, and o.Steps / o.Time count from there. The step count,
+// token count and history go on, so the loss curve shows both parts.
+func FineTune(st *State, o Options, train, held []int32, threads int) (*Run, error) {
+	if err := o.Validate(st.Config); err != nil {
+		return nil, err
+	}
+	st.Options, st.SchedStep, st.SchedElapsed = o, st.Step, st.Elapsed
+	return restore(st, train, held, threads)
+}
+
+// restore builds the run of a loaded state.
+func restore(st *State, train, held []int32, threads int) (*Run, error) {
 	m, err := NewModel(st.Config, threads)
 	if err != nil {
 		return nil, err

@@ -17,7 +17,8 @@ func runBenchServe(args []string) error {
 	fs.StringVar(&c.BaseURL, "base-url", "http://127.0.0.1:8000", "server root URL")
 	fs.StringVar(&c.Model, "model", "", "model name to send")
 	fs.StringVar(&c.Endpoint, "endpoint", "completions", "completions or chat")
-	fs.StringVar(&c.Dataset, "dataset", "random", "random or shared-prefix")
+	fs.StringVar(&c.Dataset, "dataset", "random", "random, shared-prefix or text (prompts cut from --text-file, needs --tokenizer)")
+	textFile := fs.String("text-file", "", "text dataset: the corpus prompts are cut from at random offsets")
 	fs.IntVar(&c.NumPrompts, "num-prompts", 32, "requests to send")
 	fs.IntVar(&c.InputLen, "input-len", 128, "prompt tokens (after any shared prefix)")
 	fs.IntVar(&c.OutputLen, "output-len", 128, "max_tokens per request")
@@ -56,6 +57,13 @@ func runBenchServe(args []string) error {
 		if c.Tokenizer, err = tokenizer.Load(*tokPath); err != nil {
 			return err
 		}
+	}
+	if *textFile != "" {
+		b, err := os.ReadFile(*textFile)
+		if err != nil {
+			return err
+		}
+		c.Text = string(b)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()

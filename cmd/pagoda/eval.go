@@ -64,6 +64,7 @@ func runEval(args []string) error {
 	curveBin := fs.Int("curve-bin", 32, "positions per bin of --curve")
 	savedOut := fs.String("svg-saved", "", "also plot KL against the KV memory saved (% of the exact cache's bytes), one line per series, as SVG to this file")
 	budgetOut := fs.String("svg-budget", "", "also plot KL against the token budget of every budgeted policy, one line per policy, as SVG to this file")
+	bosSeg := fs.Bool("bos", false, "start every segment with the vocabulary's BOS token, then segment-1 text tokens (a model trained on BOS-anchored windows sees each stream as it was trained to)")
 	sinkTok := fs.Int("sink-mass", 0, "also measure the attention mass the exact cache's queries (from position 64) put on the first N tokens, per layer")
 	plotTitle := fs.String("title", "", "title of the plots (default: the model, tokens and prompt)")
 	mdOut := fs.String("md", "", "also write the table as Markdown to this file")
@@ -127,6 +128,16 @@ func runEval(args []string) error {
 	ids, err := in.ids(m.Tokenizer())
 	if err != nil {
 		return err
+	}
+	if *bosSeg {
+		bos := int32(-1)
+		if tok := m.Tokenizer(); tok != nil {
+			bos = tok.Vocab().BOS
+		}
+		if bos < 0 {
+			return fmt.Errorf("--bos: the model's vocabulary has no BOS token")
+		}
+		ids = bosSegments(ids, bos, cmp.Or(*segment, m.Config.ContextLen))
 	}
 	if *maxTok > 0 && len(ids) > *maxTok {
 		ids = ids[:*maxTok]
@@ -385,4 +396,20 @@ func writeEvalCSV(w io.Writer, rep *eval.Report) error {
 	}
 	cw.Flush()
 	return cw.Error()
+}
+
+// bosSegments lays text tokens out as segments of seg tokens that each
+// begin with bos (any BOS the tokenizer already put first is dropped, so
+// it is not doubled): the segments eval.Run then cuts are exactly these.
+func bosSegments(ids []int32, bos int32, seg int) []int32 {
+	if len(ids) > 0 && ids[0] == bos {
+		ids = ids[1:]
+	}
+	per := max(1, seg-1)
+	out := make([]int32, 0, len(ids)+len(ids)/per+1)
+	for lo := 0; lo < len(ids); lo += per {
+		out = append(out, bos)
+		out = append(out, ids[lo:min(lo+per, len(ids))]...)
+	}
+	return out
 }

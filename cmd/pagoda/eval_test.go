@@ -5,6 +5,7 @@ import (
 	"encoding/xml"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -204,5 +205,38 @@ func TestEvalHardening(t *testing.T) {
 	}
 	if b, err := os.ReadFile(csvPath); err != nil || !strings.Contains(string(b), `"streaming:sinks=4,window=8+f16",f16,f16`) {
 		t.Errorf("csv: %q %v", b, err)
+	}
+}
+
+// TestEvalBOSSegments: --bos lays the tokens out as segments that each
+// start with BOS (a leading BOS not doubled): the same report as those
+// segments given explicitly.
+func TestEvalBOSSegments(t *testing.T) {
+	if got, want := bosSegments([]int32{1, 10, 11, 12, 13, 14, 15, 16}, 1, 4), []int32{1, 10, 11, 12, 1, 13, 14, 15, 1, 16}; !slices.Equal(got, want) {
+		t.Fatalf("bosSegments: %v, want %v", got, want)
+	}
+	type report struct {
+		Tokens, Segments int
+		Results          []struct{ PPL float64 }
+	}
+	run := func(args ...string) report {
+		t.Helper()
+		code, stdout, stderr := pagoda(t, append([]string{"eval", "--threads", "1", "--kv", "f32", "--json", "--segment", "4"}, args...)...)
+		if code != 0 {
+			t.Fatalf("eval %v: exit %d: %s", args, code, stderr)
+		}
+		var r report
+		if err := json.Unmarshal([]byte(stdout), &r); err != nil {
+			t.Fatalf("%v\n%s", err, stdout)
+		}
+		return r
+	}
+	got := run("--tokens", "1,403,407,261,300,351,280,290", "--bos")
+	want := run("--tokens", "1,403,407,261,1,300,351,280,1,290")
+	if got.Tokens != 10 || got.Segments != 3 || len(got.Results) == 0 || got.Results[0].PPL != want.Results[0].PPL {
+		t.Errorf("--bos: %+v; the explicit BOS segments: %+v", got, want)
+	}
+	if plain := run("--tokens", "1,403,407,261,300,351,280,290"); plain.Results[0].PPL == got.Results[0].PPL {
+		t.Errorf("--bos changed nothing: ppl %v both ways", plain.Results[0].PPL)
 	}
 }

@@ -29,8 +29,9 @@ type trainFlags struct {
 	opt                                           train.Options
 	threads, evalEvery, evalWindows, logEvery     int
 	ckptEvery                                     time.Duration
-	resume                                        bool
+	resume, finetune                              bool
 	seed                                          int64
+	set                                           map[string]bool // flags given on the command line
 }
 
 func parseTrainFlags(args []string) (*trainFlags, error) {
@@ -45,6 +46,8 @@ func parseTrainFlags(args []string) (*trainFlags, error) {
 	fs.StringVar(&f.svg, "svg", "", "loss-curve SVG to write with each checkpoint (default: -o with .svg)")
 	fs.StringVar(&f.q8, "q8", "", "also write the final model with Q8_0 matrices to this GGUF")
 	fs.BoolVar(&f.resume, "resume", false, "continue the run in -state (its shape, vocabulary and position; -steps/-time/-lr may be changed)")
+	fs.BoolVar(&f.finetune, "finetune", false, "with -resume: keep the state's weights and optimizer moments but train under this command line's options (-bos, -lr, -min-lr, -warmup, -time/-steps, ...), the schedule's warm-up and decay starting again")
+	fs.BoolVar(&f.opt.BOS, "bos", false, "start every training and held-out window with <|endoftext|> (the BOS token), then seq-1 tokens from a random offset, so the model sees a fixed first token (attention sinks)")
 	fs.IntVar(&f.shape.Dim, "dim", 256, "embedding size")
 	fs.IntVar(&f.shape.Layers, "layers", 4, "blocks")
 	fs.IntVar(&f.shape.Heads, "heads", 8, "attention heads")
@@ -81,6 +84,11 @@ func parseTrainFlags(args []string) (*trainFlags, error) {
 	if f.data == "" || f.out == "" {
 		return nil, fmt.Errorf("-data TEXT and -o CHECKPOINT.gguf are required")
 	}
+	if f.finetune && !f.resume {
+		return nil, fmt.Errorf("-finetune continues a state: give -resume too")
+	}
+	f.set = map[string]bool{}
+	fs.Visit(func(fl *flag.Flag) { f.set[fl.Name] = true })
 	if f.state == "" {
 		f.state = strings.TrimSuffix(f.out, ".gguf") + ".state"
 	}
@@ -108,8 +116,8 @@ func runTrain(args []string) error {
 	c, o := r.Config, r.Options
 	fmt.Fprintf(os.Stderr, "model: %d layers, dim %d, %d heads × %d (%d KV), ffn %d, vocab %d, ctx %d, %.2f M parameters\n",
 		c.Layers, c.Dim, c.Heads, c.HeadDim, c.KVHeads, c.FFN, c.Vocab, c.Context, float64(c.NumParams())/1e6)
-	fmt.Fprintf(os.Stderr, "run: batch %d × %d, steps %d, time %v, lr %g → %g, warm-up %d, from step %d\n",
-		o.Batch, o.Seq, o.Steps, o.Time, o.LR, o.MinLR, o.Warmup, r.Step)
+	fmt.Fprintf(os.Stderr, "run: batch %d × %d, BOS-anchored windows %v, steps %d, time %v, lr %g → %g, warm-up %d, from step %d (schedule from step %d)\n",
+		o.Batch, o.Seq, o.BOS, o.Steps, o.Time, o.LR, o.MinLR, o.Warmup, r.Step, r.SchedStep)
 	return trainLoop(f, r)
 }
 
@@ -160,6 +168,17 @@ func startRun(f *trainFlags) (*train.Run, error) {
 	heldIDs := tok.Encode(string(held), tokenizer.Options{})
 	fmt.Fprintf(os.Stderr, "data: %d training tokens (%.2f bytes/token), %d held-out, encoded in %v\n",
 		len(trainIDs), float64(len(text))/float64(max(1, len(trainIDs))), len(heldIDs), time.Since(t0).Round(time.Millisecond))
+	f.opt.BOSToken = vocab.EOT
+	if f.resume && f.finetune {
+		o := f.opt
+		if !f.set["seq"] {
+			o.Seq = st.Options.Seq
+		}
+		if !f.set["bos"] {
+			o.BOS = st.Options.BOS
+		}
+		return train.FineTune(st, o, trainIDs, heldIDs, f.threads)
+	}
 	if f.resume {
 		return train.ResumeState(st, trainIDs, heldIDs, f.threads, func(o *train.Options) {
 			// Only what the command line set explicitly changes a resumed run.
@@ -168,6 +187,9 @@ func startRun(f *trainFlags) (*train.Run, error) {
 			}
 			if f.opt.Time > 0 {
 				o.Time = f.opt.Time
+			}
+			if f.set["bos"] {
+				o.BOS, o.BOSToken = f.opt.BOS, f.opt.BOSToken
 			}
 		})
 	}
@@ -193,16 +215,19 @@ func trainLoop(f *trainFlags, r *train.Run) error {
 		}
 		return s
 	}
+	// A fine-tuned run's schedule (and so its end) counts from SchedStep.
+	base := r.Tokens - int64(r.Step-r.SchedStep)*perStep
 	total := func() int64 {
-		if o.Time > 0 && r.Elapsed > 0 {
-			left := float64(o.Time-r.Elapsed) / float64(r.Elapsed) * float64(r.Tokens)
+		el := r.Elapsed - r.SchedElapsed
+		if o.Time > 0 && el > 0 {
+			left := float64(o.Time-el) / float64(el) * float64(r.Tokens-base)
 			est := r.Tokens + int64(max(0, left))
 			if o.Steps > 0 {
-				est = min(est, int64(o.Steps)*perStep)
+				est = min(est, base+int64(o.Steps)*perStep)
 			}
 			return est
 		}
-		return int64(o.Steps) * perStep
+		return base + int64(o.Steps)*perStep
 	}
 	bar.Start(r.Tokens, total())
 	wall, lastCkpt, startTokens := time.Now(), time.Now(), r.Tokens
@@ -257,7 +282,7 @@ func trainLoop(f *trainFlags, r *train.Run) error {
 // the Q8_0 copy.
 func checkpoint(f *trainFlags, r *train.Run, final bool) error {
 	if final && len(r.History) > 0 {
-		if l, n, err := train.EvalLoss(r.Model, r.HeldOutData(), r.Options.Seq, r.Options.Batch, 0); err == nil && n > 0 {
+		if l, n, err := r.EvalHeldOut(0); err == nil && n > 0 {
 			last := &r.History[len(r.History)-1]
 			last.HeldOut, last.HasHeldOut = l, true
 			fmt.Fprintf(os.Stderr, "held-out loss %.4f nats/token (perplexity %.2f) over %d windows of %d tokens\n", l, math.Exp(l), n, r.Options.Seq)
@@ -267,11 +292,13 @@ func checkpoint(f *trainFlags, r *train.Run, final bool) error {
 		return err
 	}
 	name := fmt.Sprintf("pagoda-train step %d", r.Step)
-	if err := r.Model.WriteGGUF(f.out, name, r.Vocab, false); err != nil {
+	v := *r.Vocab
+	v.AddBOS = r.Options.BOS // prompts then start with BOS as the windows did
+	if err := r.Model.WriteGGUF(f.out, name, &v, false); err != nil {
 		return err
 	}
 	if final && f.q8 != "" {
-		if err := r.Model.WriteGGUF(f.q8, name, r.Vocab, true); err != nil {
+		if err := r.Model.WriteGGUF(f.q8, name, &v, true); err != nil {
 			return err
 		}
 	}

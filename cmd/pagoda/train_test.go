@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"pagoda/gguf"
 )
 
 // TestTrainCommand trains a toy model for a few steps on a repeated
@@ -62,4 +64,59 @@ func TestTrainCommand(t *testing.T) {
 	} else if !strings.Contains(stderr, "exceeds the context") {
 		t.Errorf("unclear error for -seq > -ctx: %s", stderr)
 	}
+}
+
+// TestTrainFineTuneBOS: a run trained on plain windows is fine-tuned on
+// BOS-anchored ones (-resume -finetune -bos): it continues from its step
+// with the schedule restarted, and the checkpoint tells loaders to start
+// prompts with BOS. Plain -resume refuses to change the windows.
+func TestTrainFineTuneBOS(t *testing.T) {
+	dir := t.TempDir()
+	text := strings.Repeat("the cat sat on the mat. the dog sat on the log. ", 30)
+	data := filepath.Join(dir, "train.txt")
+	if err := os.WriteFile(data, []byte(text), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out := filepath.Join(dir, "m.gguf")
+	common := []string{"train", "-data", data, "-heldout", data, "-o", out, "-vocab", "270", "-dim", "16", "-layers", "1",
+		"-heads", "2", "-kv-heads", "1", "-head-dim", "8", "-ffn", "32", "-ctx", "16", "-batch", "2", "-warmup", "3",
+		"-eval-every", "0", "-threads", "1"}
+	if code, _, stderr := pagoda(t, append(common, "-steps", "6")...); code != 0 {
+		t.Fatalf("train: exit %d: %s", code, stderr)
+	}
+	if addBOS(t, out) {
+		t.Error("a model trained on plain windows asks for BOS")
+	}
+	if code, _, stderr := pagoda(t, append(common, "-steps", "8", "-resume", "-bos")...); code == 0 || !strings.Contains(stderr, "fine-tune") {
+		t.Errorf("plain resume changing -bos: exit %d: %s", code, stderr)
+	}
+	code, _, stderr := pagoda(t, append(common, "-steps", "4", "-resume", "-finetune", "-bos")...)
+	if code != 0 {
+		t.Fatalf("fine-tune: exit %d: %s", code, stderr)
+	}
+	for _, want := range []string{"BOS-anchored windows true", "from step 6 (schedule from step 6)", "(step 10)", "held-out loss"} {
+		if !strings.Contains(stderr, want) {
+			t.Errorf("fine-tune output lacks %q:\n%s", want, stderr)
+		}
+	}
+	if !addBOS(t, out) {
+		t.Error("the BOS-fine-tuned checkpoint does not ask loaders for BOS")
+	}
+	if code, _, stderr := pagoda(t, "train", "-data", data, "-o", out, "-steps", "1", "-finetune"); code == 0 || !strings.Contains(stderr, "-resume") {
+		t.Errorf("-finetune without -resume: exit %d: %s", code, stderr)
+	}
+}
+
+func addBOS(t *testing.T, path string) bool {
+	t.Helper()
+	f, err := gguf.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	v, ok := f.Bool("tokenizer.ggml.add_bos_token")
+	if !ok {
+		t.Fatalf("%s has no tokenizer.ggml.add_bos_token", path)
+	}
+	return v
 }

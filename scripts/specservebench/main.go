@@ -6,10 +6,18 @@
 // machine's state hits every setup alike. It prints output tokens/s as the
 // median [min–max] over repetitions, the ratio of each setup's median to
 // plain's, and what the speculation controller chose (its
-// pagoda:spec_ctl_* metrics after the run).
+// pagoda:spec_ctl_* metrics after the run), and for the speculating setups
+// the acceptance over the run (accepted / drafted tokens, and tokens
+// emitted per verification, from the server's spec_decode counters).
+// With -draft a draft model joins as the setups draft and
+// draft-nocontrol; with -text the prompts are stretches of that text
+// (tokenized by the model) instead of random ids, which is what acceptance
+// is measured on. The load average is printed with every run: the machine
+// may be shared.
 //
 //	go run ./scripts/specservebench                  # stories260K, 3 reps: a few minutes on a quiet machine
 //	go run ./scripts/specservebench -setups plain,ngram,ngram-nocontrol -reps 5
+//	go run ./scripts/specservebench -m models/kjv3m.q8_0.gguf -draft DRAFT.gguf -text HELDOUT.txt -setups plain,ngram,draft
 package main
 
 import (
@@ -35,6 +43,12 @@ var setups = map[string][]string{
 	"plain":           nil,
 	"ngram":           {"--spec-method", "ngram"},
 	"ngram-nocontrol": {"--spec-method", "ngram", "--spec-control=false"},
+	"draft":           {"--spec-method", "draft"}, // with --draft from -draft
+	"draft-nocontrol": {"--spec-method", "draft", "--spec-control=false"},
+	// Always drafting --spec-tokens: the acceptance of the drafter itself,
+	// not of the drafts the controller or cost model let through.
+	"ngram-fixed": {"--spec-method", "ngram", "--spec-control=false", "--spec-fixed"},
+	"draft-fixed": {"--spec-method", "draft", "--spec-control=false", "--spec-fixed"},
 }
 
 func main() {
@@ -63,6 +77,8 @@ func run(args []string) error {
 	minID := fs.Int("min-token-id", 3, "random prompt ids from this up")
 	threads := fs.Int("threads", 0, "pagoda serve --threads (0 = its default)")
 	serveArgs := fs.String("serve-args", "", "more pagoda serve flags, space separated")
+	draft := fs.String("draft", "", "draft model for the draft setups")
+	text := fs.String("text", "", "cut the prompts from this text file (tokenized by -m) instead of random ids")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -71,7 +87,13 @@ func run(args []string) error {
 		if _, ok := setups[n]; !ok {
 			return fmt.Errorf("unknown setup %q", n)
 		}
+		if strings.HasPrefix(n, "draft") && *draft == "" {
+			return fmt.Errorf("setup %s needs -draft", n)
+		}
 		order = append(order, n)
+	}
+	if *text != "" && *model == "" {
+		return fmt.Errorf("-text needs -m: the prompts are tokenized with the model's vocabulary")
 	}
 	var cs []int
 	for _, c := range strings.Split(*concs, ",") {
@@ -96,6 +118,7 @@ func run(args []string) error {
 	}
 	tps := map[key][]float64{}
 	ctl := map[key][]string{}
+	acc := map[key][]accept{}
 	start := time.Now()
 	for rep := range *reps {
 		for ci, conc := range cs {
@@ -108,18 +131,26 @@ func run(args []string) error {
 				if *threads > 0 {
 					extra = append(extra, "--threads", strconv.Itoa(*threads))
 				}
+				if strings.HasPrefix(name, "draft") {
+					extra = append(extra, "--draft", *draft)
+				}
 				extra = append(extra, strings.Fields(*serveArgs)...)
 				bench := []string{"-num-prompts", strconv.Itoa(*prompts), "-max-concurrency", strconv.Itoa(conc),
 					"-input-len", strconv.Itoa(*inLen), "-output-len", strconv.Itoa(*outLen),
-					"-vocab-size", strconv.Itoa(*vocab), "-min-token-id", strconv.Itoa(*minID), "-temperature", "0"}
-				tp, state, err := once(*bin, tmp, extra, bench)
+					"-vocab-size", strconv.Itoa(*vocab), "-min-token-id", strconv.Itoa(*minID), "-temperature", "0",
+					"-seed", strconv.Itoa(rep)}
+				if *text != "" {
+					bench = append(bench, "-dataset", "text", "-text-file", *text, "-tokenizer", *model)
+				}
+				tp, a, state, err := once(*bin, tmp, extra, bench)
 				if err != nil {
 					return fmt.Errorf("%s at %d in flight: %w", name, conc, err)
 				}
 				k := key{name, conc}
 				tps[k] = append(tps[k], tp)
 				ctl[k] = append(ctl[k], state)
-				fmt.Fprintf(os.Stderr, "rep %d  %2d in flight  %-16s %8.1f tok/s  %s  (%s)\n", rep+1, conc, name, tp, state, time.Since(start).Round(time.Second))
+				acc[k] = append(acc[k], a)
+				fmt.Fprintf(os.Stderr, "rep %d  %2d in flight  %-16s %8.1f tok/s  %s  %s  load %s  (%s)\n", rep+1, conc, name, tp, a, state, loadAvg(), time.Since(start).Round(time.Second))
 			}
 		}
 	}
@@ -142,6 +173,20 @@ func run(args []string) error {
 		}
 		fmt.Println()
 	}
+	fmt.Println("\nacceptance, all reps pooled: accepted / drafted tokens; tokens emitted per verification (mean accepted length + 1); drafts (verifications)")
+	for _, c := range cs {
+		for _, n := range order {
+			var sum accept
+			for _, a := range acc[key{n, c}] {
+				sum.drafts += a.drafts
+				sum.drafted += a.drafted
+				sum.accepted += a.accepted
+			}
+			if sum.drafts > 0 {
+				fmt.Printf("  %2d in flight %-16s %s\n", c, n, sum)
+			}
+		}
+	}
 	fmt.Println("\ncontroller (last rep): exploited arm per batch bucket, measured steps spec/plain (probes)")
 	for _, c := range cs {
 		for _, n := range order {
@@ -154,48 +199,74 @@ func run(args []string) error {
 	return nil
 }
 
+// accept is a run's speculation counters (the server's spec_decode_*).
+type accept struct{ drafts, drafted, accepted float64 }
+
+func (a accept) String() string {
+	if a.drafts == 0 {
+		return "no drafts"
+	}
+	return fmt.Sprintf("accepted %.0f/%.0f = %.1f%%, %.2f tokens/verification, %.0f drafts",
+		a.accepted, a.drafted, 100*a.accepted/a.drafted, 1+a.accepted/a.drafts, a.drafts)
+}
+
+// loadAvg is the 1-minute load average (Linux), or "?".
+func loadAvg() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
+
 // once starts a server with extra flags, runs the benchmark against it and
-// stops it: the output tokens/s, and the controller's state in words.
-func once(bin, tmp string, extra, bench []string) (float64, string, error) {
+// stops it: the output tokens/s, the speculation counters, and the
+// controller's state in words.
+func once(bin, tmp string, extra, bench []string) (float64, accept, string, error) {
+	var a accept
 	port, err := proc.FreePort()
 	if err != nil {
-		return 0, "", err
+		return 0, a, "", err
 	}
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	srv := exec.Command(bin, append([]string{"serve", "--port", strconv.Itoa(port)}, extra...)...)
 	logf, err := os.Create(filepath.Join(tmp, "serve.log"))
 	if err != nil {
-		return 0, "", err
+		return 0, a, "", err
 	}
 	defer logf.Close()
 	srv.Stdout, srv.Stderr = logf, logf
 	s, err := proc.Start(srv)
 	if err != nil {
-		return 0, "", err
+		return 0, a, "", err
 	}
 	defer s.Stop()
 	if err := s.WaitHealthy(base, 60*time.Second); err != nil {
 		log, _ := os.ReadFile(logf.Name())
-		return 0, "", fmt.Errorf("%w; server log:\n%s", err, log)
+		return 0, a, "", fmt.Errorf("%w; server log:\n%s", err, log)
 	}
 	out := filepath.Join(tmp, "bench.json")
 	b := exec.Command(bin, append([]string{"bench", "serve", "-base-url", base, "-json", out}, bench...)...)
 	b.Stdout, b.Stderr = io.Discard, os.Stderr
 	if err := b.Run(); err != nil {
-		return 0, "", fmt.Errorf("bench serve: %w", err)
+		return 0, a, "", fmt.Errorf("bench serve: %w", err)
 	}
 	var r struct {
 		Completed        int     `json:"completed"`
 		OutputThroughput float64 `json:"output_throughput"`
+		Drafts           float64 `json:"spec_decode_num_drafts"`
+		DraftTokens      float64 `json:"spec_decode_num_draft_tokens"`
+		Accepted         float64 `json:"spec_decode_num_accepted_tokens"`
 	}
 	data, err := os.ReadFile(out)
 	if err != nil {
-		return 0, "", err
+		return 0, a, "", err
 	}
 	if err := json.Unmarshal(data, &r); err != nil {
-		return 0, "", err
+		return 0, a, "", err
 	}
-	return r.OutputThroughput, controllerState(base), nil
+	a = accept{r.Drafts, r.DraftTokens, r.Accepted}
+	return r.OutputThroughput, a, controllerState(base), nil
 }
 
 // controllerState summarises the server's pagoda:spec_ctl_* metrics: the
