@@ -1,9 +1,11 @@
 package kernels
 
 import (
+	"encoding/binary"
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 )
 
@@ -79,5 +81,75 @@ func checkAttnHeads(t *testing.T, o *Ops, r *rand.Rand, g, d, n int) {
 			kd.mref(mw[j*d:(j+1)*d], w[j*ss:j*ss+n])
 		}
 		check(kd.name+" mix", mo, mw)
+	}
+}
+
+// TestBlockAttnHeads holds every set's four-head block kernels against
+// one Scores/Mix call per head, for every block format: group sizes
+// around four, one to four blocks a head, strided rows, gaps between the
+// heads' score rows that must stay untouched.
+func TestBlockAttnHeads(t *testing.T) {
+	r := rand.New(rand.NewPCG(6, 6))
+	for _, o := range isaSets {
+		for f := fmtQ8_0; f <= fmtIQ4_NL; f++ {
+			a, bb := blockAttnFor(o.name, f), blockFmtBytes[f]
+			if o.name == "generic" {
+				a = blockRef(f)
+			}
+			for _, g := range []int{3, 4, 8, 9} {
+				for _, nb := range []int{1, 2, 4} {
+					for _, n := range []int{1, 7, 16} {
+						name := fmt.Sprintf("%s/%s/g%d/nb%d/n%d", o.name, blockFmtNames[f], g, nb, n)
+						checkBlockHeads(t, name, a, r, bb, g, nb, n)
+					}
+				}
+			}
+		}
+	}
+}
+
+func checkBlockHeads(t *testing.T, name string, a BlockAttn, r *rand.Rand, bb, g, nb, n int) {
+	d, stride, ss := nb*32, 3*nb*bb+5, n+2
+	k := randBlocks(r, n, nb, stride, bb)
+	if strings.Contains(name, "q4_1") || strings.Contains(name, "q5_1") {
+		for t := 0; t < n; t++ { // a finite min where random bytes could be NaN
+			for b := 0; b < nb; b++ {
+				binary.LittleEndian.PutUint16(k[t*stride+b*bb+2:], f32ToF16(float32(r.NormFloat64())))
+			}
+		}
+	}
+	q := randF32(r, g*d)
+	got, want := make([]float32, (g-1)*ss+n), make([]float32, (g-1)*ss+n)
+	for i := range got {
+		got[i], want[i] = 99, 99
+	}
+	a.ScoresHeads(got, ss, q, d, k, stride, n)
+	for j := 0; j < g; j++ {
+		a.Scores(want[j*ss:j*ss+n], q[j*d:(j+1)*d], k, stride)
+	}
+	for i := range want {
+		j := min(i/ss, g-1)
+		var qa float64
+		for _, x := range q[j*d : (j+1)*d] {
+			qa += math.Abs(float64(x))
+		}
+		if diff := math.Abs(float64(got[i] - want[i])); diff > 2e-6*qa*128+1e-6 || math.IsNaN(float64(got[i])) {
+			t.Fatalf("%s: score %d = %g, per head %g", name, i, got[i], want[i])
+		}
+	}
+	w := make([]float32, (g-1)*ss+n)
+	for i := range w {
+		w[i] = float32(r.Float64())
+	}
+	mo := randF32(r, g*d)
+	mw := append([]float32(nil), mo...)
+	a.MixHeads(mo, d, w, ss, k, stride, n)
+	for j := 0; j < g; j++ {
+		a.Mix(mw[j*d:(j+1)*d], w[j*ss:j*ss+n], k, stride)
+	}
+	for i := range mw {
+		if diff := math.Abs(float64(mo[i] - mw[i])); diff > 1e-5*(float64(n)*128+math.Abs(float64(mw[i]))) {
+			t.Fatalf("%s: mix %d = %g, per head %g", name, i, mo[i], mw[i])
+		}
 	}
 }
