@@ -77,3 +77,22 @@ func checkHeadSplit(t *testing.T, p model.AttnParams, f Format, ctx int) {
 		}
 	}
 }
+
+// TestHeadParallelPolicies: a policy that observes scores or selects pages
+// keeps per-sequence state the heads of a layer would update at once, so
+// the cache refuses the head split under it.
+func TestHeadParallelPolicies(t *testing.T) {
+	c, err := New(Config{NLayer: 1, NKVHead: 2, HeadDim: 32, BlockSize: 16, NumBlocks: 8, DType: F32, Policy: NewH2O(0.25, 0.25)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Allocate(0, nil, 0, 1) {
+		t.Fatal("allocate")
+	}
+	if err := c.Begin(&model.Batch{Tokens: []int32{1}, Pos: []int32{0}, Seq: []int32{0}}); err != nil {
+		t.Fatal(err)
+	}
+	if c.HeadParallel(0, 0) {
+		t.Fatal("H2O observes scores: HeadParallel should be false")
+	}
+}
