@@ -195,6 +195,8 @@ func measureRound(engines []*engine, files, formats []string, round, rounds, lev
 				}
 				e.commit = commit
 				for test, s := range res {
+					// Logged as it comes, so a run cut short keeps its samples.
+					fmt.Fprintf(log, "  %s %s: %.2f t/s\n", e.name, test, s)
 					k := key{filepath.Base(m), loadTest(test, level)}
 					e.runs[k] = append(e.runs[k], s...)
 				}
