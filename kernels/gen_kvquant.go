@@ -394,6 +394,133 @@ func mixPlanes(v isa, bits int) {
 	rowEnd("")
 }
 
+// Four GQA heads at once (AVX-512): a block is decoded and scaled once for
+// the four query heads that share its KV head. Registers: R8 s/w, SI q/out,
+// DI rows, R9 n, R10 nb, R11 stride, R12 ss/ws (bytes), R14 a head's
+// floats in bytes (nb·128), R13 3·R14 (scores) or 3·R12 (mix); Z16–Z23
+// the heads' sums.
+func prologue4(fn, doc string) {
+	fmt.Fprintf(&b, "\n// func %s(%s *float32, k *byte, n, nb, stride, hs int)\n", fn, doc)
+	fmt.Fprintf(&b, "TEXT ·%s(SB), NOSPLIT, $0-56\n", fn)
+	p("MOVQ a+0(FP), R8")
+	p("MOVQ b+8(FP), SI")
+	p("MOVQ k+16(FP), DI")
+	p("MOVQ n+24(FP), R9")
+	p("MOVQ nb+32(FP), R10")
+	p("MOVQ stride+40(FP), R11")
+	p("MOVQ hs+48(FP), R12")
+	p("MOVQ R10, R14")
+	p("SHLQ $7, R14")
+	fmt.Fprintf(&g, "//go:noescape\nfunc %s(a, b *float32, k *byte, n, nb, stride, hs int)\n\n", fn)
+}
+
+// dequant leaves the block at BX in Z1 (elements 0–15) and Z2 (16–31) as
+// floats: d·code (+ m).
+func dequant(k blockKind) {
+	decode(avx512, k)
+	f16(avx512, 0, 3)
+	if k.min {
+		f16(avx512, 2, 10)
+		p("VFMADD213PS Z10, Z3, Z1")
+		p("VFMADD213PS Z10, Z3, Z2")
+	} else {
+		p("VMULPS Z3, Z1, Z1")
+		p("VMULPS Z3, Z2, Z2")
+	}
+}
+
+var head4 = []string{"", "(R14*1)", "(R14*2)", "(R13*1)"}
+
+// scores4: s[j·ss+t] = q_j·row_t for j < 4, q_j at q + j·nb·32 floats.
+func scores4(k blockKind) {
+	fn := "scores4" + k.name + "AVX512"
+	prologue4(fn, "s, q")
+	p("LEAQ (R14)(R14*2), R13")
+	blockConsts(avx512, k)
+	label("row")
+	p("MOVQ SI, AX")
+	p("MOVQ DI, BX")
+	p("MOVQ R10, CX")
+	for j := 0; j < 4; j++ {
+		p("VPXORD Z%d, Z%d, Z%d", 16+j, 16+j, 16+j)
+	}
+	label("blk")
+	dequant(k)
+	for j, h := range head4 {
+		p("VFMADD231PS (AX)%s, Z1, Z%d", h, 16+j)
+		p("VFMADD231PS 64(AX)%s, Z2, Z%d", h, 16+j)
+	}
+	blockEnd(k.bytes, 32)
+	// Lane j (128 bits) of Z20 ends up holding head j's sum.
+	p("VSHUFF64X2 $0x44, Z17, Z16, Z20")
+	p("VSHUFF64X2 $0xee, Z17, Z16, Z21")
+	p("VADDPS Z21, Z20, Z20")
+	p("VSHUFF64X2 $0x44, Z19, Z18, Z22")
+	p("VSHUFF64X2 $0xee, Z19, Z18, Z23")
+	p("VADDPS Z23, Z22, Z22")
+	p("VSHUFF32X4 $0x88, Z22, Z20, Z21")
+	p("VSHUFF32X4 $0xdd, Z22, Z20, Z23")
+	p("VADDPS Z23, Z21, Z20")
+	p("VPERMILPS $0x4e, Z20, Z21")
+	p("VADDPS Z21, Z20, Z20")
+	p("VPERMILPS $0xb1, Z20, Z21")
+	p("VADDPS Z21, Z20, Z20")
+	p("VMOVSS X20, (R8)")
+	p("VEXTRACTF32X4 $1, Z20, X21")
+	p("VMOVSS X21, (R8)(R12*1)")
+	p("VEXTRACTF32X4 $2, Z20, X21")
+	p("VMOVSS X21, (R8)(R12*2)")
+	p("VEXTRACTF32X4 $3, Z20, X21")
+	p("LEAQ (R8)(R12*2), DX")
+	p("VMOVSS X21, (DX)(R12*1)")
+	rowEnd("")
+}
+
+// mix4: out_j += Σ_t w_j[t]·row_t for j < 4, out_j at out + j·nb·32
+// floats, w_j at w + j·ws bytes; block by block, the rows inner, the
+// eight sums (two per head) held in registers across the rows.
+func mix4(k blockKind) {
+	fn := "mix4" + k.name + "AVX512"
+	prologue4(fn, "w, out")
+	p("LEAQ (R12)(R12*2), R13")
+	p("TESTQ R9, R9")
+	p("JZ   done")
+	p("LEAQ (SI)(R14*1), R10") // the end of head 0's floats
+	blockConsts(avx512, k)
+	label("blk")
+	p("LEAQ (SI)(R14*2), DX")
+	outs := []string{"(SI)", "(SI)(R14*1)", "(SI)(R14*2)", "(DX)(R14*1)"}
+	for j, o := range outs {
+		p("VMOVUPS %s, Z%d", o, 16+2*j)
+		p("VMOVUPS 64%s, Z%d", o, 17+2*j)
+	}
+	p("MOVQ R8, AX")
+	p("MOVQ DI, BX")
+	p("MOVQ R9, CX")
+	label("tok")
+	dequant(k)
+	for j, h := range []string{"", "(R12*1)", "(R12*2)", "(R13*1)"} {
+		p("VFMADD231PS.BCST (AX)%s, Z1, Z%d", h, 16+2*j)
+		p("VFMADD231PS.BCST (AX)%s, Z2, Z%d", h, 17+2*j)
+	}
+	p("ADDQ $4, AX")
+	p("ADDQ R11, BX")
+	p("DECQ CX")
+	p("JNZ  tok")
+	p("LEAQ (SI)(R14*2), DX")
+	for j, o := range outs {
+		p("VMOVUPS Z%d, %s", 16+2*j, o)
+		p("VMOVUPS Z%d, 64%s", 17+2*j, o)
+	}
+	p("ADDQ $128, SI")
+	p("ADDQ $%d, DI", k.bytes)
+	p("CMPQ SI, R10")
+	p("JNE  blk")
+	label("done")
+	p("VZEROUPPER")
+	p("RET")
+}
+
 func main() {
 	b.WriteString(header)
 	b.WriteString("#include \"textflag.h\"\n\n")
@@ -426,6 +553,10 @@ func main() {
 			mixPlanes(v, bits)
 		}
 	}
+	for _, k := range kinds {
+		scores4(k)
+		mix4(k)
+	}
 
 	g.WriteString("// blockAsm is the scoring and mixing assembly of format f on the named\n// instruction set, or nils.\n")
 	g.WriteString("func blockAsm(isa string, f blockFmt) (scores, mix func(a, b *float32, k *byte, n, nb, stride int)) {\n")
@@ -436,6 +567,13 @@ func main() {
 			fmt.Fprintf(&g, "case %s:\nreturn scores%s%s, mix%s%s\n", k.konst, k.name, v.suffix, k.name, v.suffix)
 		}
 		g.WriteString("}\n")
+	}
+	g.WriteString("}\nreturn nil, nil\n}\n\n")
+	g.WriteString("// blockAsm4 is the four-head AVX-512 assembly of format f, or nils.\n")
+	g.WriteString("func blockAsm4(isa string, f blockFmt) (scores, mix func(a, b *float32, k *byte, n, nb, stride, hs int)) {\n")
+	g.WriteString("if isa != \"avx512\" {\nreturn nil, nil\n}\nswitch f {\n")
+	for _, k := range kinds {
+		fmt.Fprintf(&g, "case %s:\nreturn scores4%sAVX512, mix4%sAVX512\n", k.konst, k.name, k.name)
 	}
 	g.WriteString("}\nreturn nil, nil\n}\n\n")
 	g.WriteString("// planeAsm is the plane assembly of bits-bit codes on the named\n// instruction set, or nils.\n")

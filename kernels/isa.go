@@ -3,6 +3,7 @@ package kernels
 import (
 	"fmt"
 	"os"
+	"unsafe"
 )
 
 // Ops is the kernel set of one instruction set. Each value is built once, at
@@ -46,6 +47,16 @@ type Ops struct {
 	attnMixF32     func(out, w, v []float32, stride int)
 	attnMixF16     func(out, w []float32, v []uint16, stride int)
 	attnMixBF16    func(out, w []float32, v []uint16, stride int)
+
+	h4 heads4 // none in the generic set
+}
+
+// heads4 is a set's assembly over four GQA heads at once (d a multiple of
+// 16, strides in bytes); the exported wrappers fall back to the per-head
+// kernels where it is nil.
+type heads4 struct {
+	scoresF32, scoresF16, scoresBF16 func(s, q *float32, k unsafe.Pointer, n, d, stride, ss int)
+	mixF32, mixF16, mixBF16          func(out, w *float32, v unsafe.Pointer, n, d, stride, ws int)
 }
 
 // newGeneric is the set of plain Go references; the SIMD sets start from a

@@ -52,6 +52,52 @@ var blockFmtNames = [...]string{"q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "iq4_nl"
 type BlockAttn struct {
 	Scores func(s, q []float32, k []byte, stride int)
 	Mix    func(out, w []float32, v []byte, stride int)
+
+	// Four GQA heads at once, where the instruction set has them; hs is
+	// the bytes between the heads' scores or weights.
+	scores4, mix4 func(a, b *float32, k *byte, n, nb, stride, hs int)
+	bb            int // bytes a block
+}
+
+// ScoresHeads sets s[j·ss+t] = q_j·row_t for t < n and the len(q)/d query
+// vectors q_j = q[j·d:(j+1)·d] (a GQA group's heads, which share the
+// rows): four heads at a time decode each block once where the kernels
+// allow, one head at a time otherwise. The sums are Scores's up to the
+// order of float additions.
+func (a BlockAttn) ScoresHeads(s []float32, ss int, q []float32, d int, k []byte, stride, n int) {
+	g := checkHeads("ScoresHeads", len(q), d, ss, n, len(s), 1<<62, 0)
+	if n == 0 || g == 0 {
+		return
+	}
+	j := 0
+	if a.scores4 != nil && g >= 4 {
+		checkBlockRows("ScoresHeads", n, d, len(k), stride, a.bb)
+		for ; j+4 <= g; j += 4 {
+			a.scores4(&s[j*ss], &q[j*d], &k[0], n, d/32, stride, 4*ss)
+		}
+	}
+	for ; j < g; j++ {
+		a.Scores(s[j*ss:j*ss+n], q[j*d:(j+1)*d], k, stride)
+	}
+}
+
+// MixHeads adds Σ_t w_j[t]·row_t to out_j = out[j·d:(j+1)·d] for the
+// len(out)/d heads j, weights w_j = w[j·ws:j·ws+n].
+func (a BlockAttn) MixHeads(out []float32, d int, w []float32, ws int, v []byte, stride, n int) {
+	g := checkHeads("MixHeads", len(out), d, ws, n, len(w), 1<<62, 0)
+	if n == 0 || g == 0 {
+		return
+	}
+	j := 0
+	if a.mix4 != nil && g >= 4 {
+		checkBlockRows("MixHeads", n, d, len(v), stride, a.bb)
+		for ; j+4 <= g; j += 4 {
+			a.mix4(&w[j*ws], &out[j*d], &v[0], n, d/32, stride, 4*ws)
+		}
+	}
+	for ; j < g; j++ {
+		a.Mix(out[j*d:(j+1)*d], w[j*ws:j*ws+n], v, stride)
+	}
 }
 
 // AttnQ8_0 is o's kernel pair over q8_0 rows.

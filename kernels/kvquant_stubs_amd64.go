@@ -104,6 +104,42 @@ func scoresPlanes2AVX2(a, b *float32, k *byte, n, nb, stride int)
 //go:noescape
 func mixPlanes2AVX2(a, b *float32, k *byte, n, nb, stride int)
 
+//go:noescape
+func scores4Q80AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func mix4Q80AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func scores4Q40AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func mix4Q40AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func scores4Q41AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func mix4Q41AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func scores4Q50AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func mix4Q50AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func scores4Q51AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func mix4Q51AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func scores4IQ4NLAVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func mix4IQ4NLAVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
 // blockAsm is the scoring and mixing assembly of format f on the named
 // instruction set, or nils.
 func blockAsm(isa string, f blockFmt) (scores, mix func(a, b *float32, k *byte, n, nb, stride int)) {
@@ -138,6 +174,28 @@ func blockAsm(isa string, f blockFmt) (scores, mix func(a, b *float32, k *byte, 
 		case fmtIQ4_NL:
 			return scoresIQ4NLAVX2, mixIQ4NLAVX2
 		}
+	}
+	return nil, nil
+}
+
+// blockAsm4 is the four-head AVX-512 assembly of format f, or nils.
+func blockAsm4(isa string, f blockFmt) (scores, mix func(a, b *float32, k *byte, n, nb, stride, hs int)) {
+	if isa != "avx512" {
+		return nil, nil
+	}
+	switch f {
+	case fmtQ8_0:
+		return scores4Q80AVX512, mix4Q80AVX512
+	case fmtQ4_0:
+		return scores4Q40AVX512, mix4Q40AVX512
+	case fmtQ4_1:
+		return scores4Q41AVX512, mix4Q41AVX512
+	case fmtQ5_0:
+		return scores4Q50AVX512, mix4Q50AVX512
+	case fmtQ5_1:
+		return scores4Q51AVX512, mix4Q51AVX512
+	case fmtIQ4_NL:
+		return scores4IQ4NLAVX512, mix4IQ4NLAVX512
 	}
 	return nil, nil
 }

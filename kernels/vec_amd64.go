@@ -124,6 +124,24 @@ func mixF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride int)
 //go:noescape
 func mixBF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride int)
 
+//go:noescape
+func scores4F32AVX512(s *float32, q *float32, kr unsafe.Pointer, n, d, stride, ss int)
+
+//go:noescape
+func scores4F16AVX512(s *float32, q *float32, kr unsafe.Pointer, n, d, stride, ss int)
+
+//go:noescape
+func scores4BF16AVX512(s *float32, q *float32, kr unsafe.Pointer, n, d, stride, ss int)
+
+//go:noescape
+func mix4F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix4F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix4BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
 // The exported wrappers have checked the bounds.
 
 func scoresF32Vec(s, q, k []float32, stride int) {
@@ -175,6 +193,7 @@ func setFloatAVX512(o *Ops) {
 	o.attnMixF32 = mixF32Vec
 	o.attnMixF16 = mixF16Vec
 	o.attnMixBF16 = mixBF16Vec
+	o.h4 = heads4{scores4F32AVX512, scores4F16AVX512, scores4BF16AVX512, mix4F32AVX512, mix4F16AVX512, mix4BF16AVX512}
 	o.dotF32 = dotF32Vec
 	o.dotF16 = dotF16Vec
 	o.dotBF16 = dotBF16Vec

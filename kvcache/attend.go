@@ -80,6 +80,16 @@ type attnScratch struct {
 // the other queries in the call: pages are visited in position order and
 // split at the same places whatever the chunk.
 func (kv *Storage) Attend(layer, lo, hi int, q, out []float32, p model.AttnParams) {
+	kv.AttendHeads(layer, lo, hi, 0, p.NKVHead, q, out, p)
+}
+
+// AttendHeads is Attend for the KV heads [kh0, kh1) only: it writes the
+// outputs of their query heads and nothing else, so calls for disjoint
+// head ranges of the same rows may run concurrently where HeadParallel
+// allows (a decode's single query then uses every thread). Each head's
+// arithmetic is the same as in Attend, so the result is bit for bit the
+// same however the heads are split.
+func (kv *Storage) AttendHeads(layer, lo, hi, kh0, kh1 int, q, out []float32, p model.AttnParams) {
 	st := &kv.step
 	ls := &kv.layers[layer]
 	gi := ls.group
@@ -112,7 +122,7 @@ func (kv *Storage) Attend(layer, lo, hi int, q, out []float32, p model.AttnParam
 	}
 	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
 	shifted := kv.shiftQueries(sc, pol, sq.id, q[:n*qd], qd)
-	for kh := 0; kh < p.NKVHead; kh++ {
+	for kh := kh0; kh < kh1; kh++ {
 		if sel != nil {
 			kv.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
 				return q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
@@ -319,6 +329,17 @@ var (
 // different rows once their K/V are stored: it reads the prepared step and
 // the storage only, and its scratch comes from a sync.Pool.
 func (kv *Storage) ParallelAttend() bool { return true }
+
+// HeadParallel reports whether AttendHeads may run concurrently for
+// different KV heads of the rows starting at row: not under a policy that
+// observes scores or selects pages, whose per-sequence state the heads of
+// one layer would update at once.
+func (kv *Storage) HeadParallel(layer, row int) bool {
+	pol := kv.policyOf(kv.layers[layer].group, kv.step.seqs[kv.step.rows[row].seq].id)
+	_, obs := pol.(ScoreObserver)
+	_, sel := pol.(PageSelector)
+	return !obs && !sel
+}
 
 // stepSeq is seq's entry in the prepared step (nil if it has no rows).
 func (kv *Storage) stepSeq(seq int32) *stepSeq {

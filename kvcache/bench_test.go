@@ -64,6 +64,7 @@ func benchDecode(b *testing.B, f Format, seqs, ctx int) {
 		batch.Seq[s], batch.Pos[s] = int32(s), int32(ctx-1)
 	}
 	b.ResetTimer()
+	cpu0 := cpuTime()
 	for it := 0; it < b.N; it++ {
 		if err := c.Begin(batch); err != nil {
 			b.Fatal(err)
@@ -73,6 +74,9 @@ func benchDecode(b *testing.B, f Format, seqs, ctx int) {
 		}
 	}
 	b.ReportMetric(float64(b.N*seqs*ctx)/b.Elapsed().Seconds(), "pos/s")
+	// On a shared machine the wall time counts other processes' slices;
+	// the process's CPU time is what the kernels cost.
+	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N), "cpu-ns/op")
 }
 
 // BenchmarkAttendPrefill is the causal attention of one 512-token prefill
@@ -153,6 +157,17 @@ func benchPrefixCycle(b *testing.B, base Config) {
 		c.Free(seq)
 		if cfg.Events != nil {
 			cfg.Events.Flush()
+		}
+	}
+}
+
+// BenchmarkAttendDepth is one decode query of one sequence deep in its
+// context, one thread, with TinyLlama's shape: the kernel work a decode
+// step does per layer at depth (scores, softmax, mix over every page).
+func BenchmarkAttendDepth(b *testing.B) {
+	for _, ctx := range []int{4096, 16384} {
+		for _, f := range []Format{F16, Q8_0, Q4_0} {
+			b.Run(fmt.Sprintf("%s/ctx%d", f, ctx), func(b *testing.B) { benchDecode(b, f, 1, ctx) })
 		}
 	}
 }

@@ -175,20 +175,14 @@ func (p *blockPages) Scores(s []float32, ss int, q []float32, page, head, from, 
 	if to <= from {
 		return
 	}
-	k := p.rows(page, head, from, to)
-	for j := 0; j*p.dim < len(q); j++ {
-		p.attn.Scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], k, p.rowBytes)
-	}
+	p.attn.ScoresHeads(s, ss, q, p.dim, p.rows(page, head, from, to), p.rowBytes, to-from)
 }
 
 func (p *blockPages) Mix(out, w []float32, ws int, page, head, from, to int) {
 	if to <= from {
 		return
 	}
-	v := p.rows(page, head, from, to)
-	for j := 0; j*p.dim < len(out); j++ {
-		p.attn.Mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], v, p.rowBytes)
-	}
+	p.attn.MixHeads(out, p.dim, w, ws, p.rows(page, head, from, to), p.rowBytes, to-from)
 }
 
 func (p *blockPages) CopyPage(dst, src int) {

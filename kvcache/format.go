@@ -56,13 +56,13 @@ func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMe
 	case F32:
 		cp := func(dst, src []float32) { copy(dst, src) }
 		return &floatPages[float32]{pageGeom: g, data: PageArray[float32](mem, n*g.pageLen),
-			put: cp, get: cp, scores: ops.AttnScoresF32, mix: ops.AttnMixF32}
+			put: cp, get: cp, scores: ops.AttnScoresHeadsF32, mix: ops.AttnMixHeadsF32}
 	case F16:
 		return &floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
-			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresF16, mix: ops.AttnMixF16}
+			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresHeadsF16, mix: ops.AttnMixHeadsF16}
 	case BF16:
 		return &floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
-			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresBF16, mix: ops.AttnMixBF16}
+			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresHeadsBF16, mix: ops.AttnMixHeadsBF16}
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))
 }
@@ -79,13 +79,14 @@ func (g *pageGeom) rows(page, head, from, to int) (lo, hi int) {
 
 // floatPages stores f32, f16 or bf16 elements (E is the stored word); the
 // kernels are picked at construction, so the page loop has no dtype switch.
+// They take all the query heads of a GQA group in one call.
 type floatPages[E float32 | uint16] struct {
 	pageGeom
 	data   []E
 	put    func(dst []E, src []float32)
 	get    func(dst []float32, src []E)
-	scores func(s, q []float32, k []E, stride int)
-	mix    func(out, w []float32, v []E, stride int)
+	scores func(s []float32, ss int, q []float32, d int, k []E, stride, n int)
+	mix    func(out []float32, d int, w []float32, ws int, v []E, stride, n int)
 }
 
 func (p *floatPages[E]) Put(page, slot int, row []float32) {
@@ -99,17 +100,19 @@ func (p *floatPages[E]) Get(page, slot int, row []float32) {
 }
 
 func (p *floatPages[E]) Scores(s []float32, ss int, q []float32, page, head, from, to int) {
-	lo, hi := p.rows(page, head, from, to)
-	for j := 0; j*p.dim < len(q); j++ {
-		p.scores(s[j*ss:j*ss+to-from], q[j*p.dim:(j+1)*p.dim], p.data[lo:hi], p.rowLen)
+	if to <= from {
+		return
 	}
+	lo, hi := p.rows(page, head, from, to)
+	p.scores(s, ss, q, p.dim, p.data[lo:hi], p.rowLen, to-from)
 }
 
 func (p *floatPages[E]) Mix(out, w []float32, ws int, page, head, from, to int) {
-	lo, hi := p.rows(page, head, from, to)
-	for j := 0; j*p.dim < len(out); j++ {
-		p.mix(out[j*p.dim:(j+1)*p.dim], w[j*ws:j*ws+to-from], p.data[lo:hi], p.rowLen)
+	if to <= from {
+		return
 	}
+	lo, hi := p.rows(page, head, from, to)
+	p.mix(out, p.dim, w, ws, p.data[lo:hi], p.rowLen, to-from)
 }
 
 func (p *floatPages[E]) CopyPage(dst, src int) {

@@ -28,6 +28,10 @@ func (m *Model) attend(li int, b *Batch, kv KVCache, q, k, v, att []float32, ap 
 		kv.Store(li, i, k[i*kvd:(i+1)*kvd], v[i*kvd:(i+1)*kvd])
 	}
 	pieces := m.buf.pieces
+	if ha, ok := kv.(headAttender); ok && len(pieces) < m.pool.Threads() && ap.NKVHead > 1 && headParallel(ha, li, pieces) {
+		m.attendHeads(ha, li, pieces, q, att, ap)
+		return
+	}
 	run := func(lo, hi int) {
 		for _, p := range pieces[lo:hi] {
 			kv.Attend(li, p.lo, p.hi, q[p.lo*qd:p.hi*qd], att[p.lo*qd:p.hi*qd], ap)
@@ -38,6 +42,37 @@ func (m *Model) attend(li int, b *Batch, kv KVCache, q, k, v, att []float32, ap 
 	} else {
 		run(0, len(pieces))
 	}
+}
+
+// headAttender is a KV cache that can attend a range of KV heads alone.
+type headAttender interface {
+	AttendHeads(layer, lo, hi, kh0, kh1 int, q, out []float32, p AttnParams)
+	HeadParallel(layer, row int) bool
+}
+
+func headParallel(ha headAttender, li int, pieces []attnPiece) bool {
+	for _, p := range pieces {
+		if !ha.HeadParallel(li, p.lo) {
+			return false
+		}
+	}
+	return true
+}
+
+// attendHeads runs the pieces split by KV head across the pool: with
+// fewer pieces than threads (a decode step of one or a few sequences)
+// the pieces alone would leave threads idle while the longest context is
+// read on one core.
+func (m *Model) attendHeads(ha headAttender, li int, pieces []attnPiece, q, att []float32, ap AttnParams) {
+	qd, nh := ap.NHead*ap.HeadDim, ap.NKVHead
+	m.pool.For(len(pieces)*nh, 1, func(lo, hi int) {
+		for t := lo; t < hi; {
+			p := pieces[t/nh]
+			kh1 := min(hi-t/nh*nh, nh)
+			ha.AttendHeads(li, p.lo, p.hi, t%nh, kh1, q[p.lo*qd:p.hi*qd], att[p.lo*qd:p.hi*qd], ap)
+			t += kh1 - t%nh
+		}
+	})
 }
 
 // attnPieces splits the batch into runs of one sequence at consecutive

@@ -31,17 +31,56 @@ func depthTest(tg, depth int, kv string) string {
 	return fmt.Sprintf("tg%d @ d%d kv=%s", tg, depth, kv)
 }
 
-// renameDepth labels pagoda bench's depth tests with the KV format.
+// renameDepth labels pagoda bench's depth tests (and, with a KV format
+// given, its pp tests) with the KV format.
 func renameDepth(res map[string][]float64, kv string) map[string][]float64 {
 	out := map[string][]float64{}
 	for test, s := range res {
-		var tg, d int
-		if _, err := fmt.Sscanf(test, "tg%d @ d%d", &tg, &d); err == nil {
-			test = depthTest(tg, d, kv)
+		var n, d int
+		if _, err := fmt.Sscanf(test, "tg%d @ d%d", &n, &d); err == nil {
+			test = depthTest(n, d, kv)
+		} else if _, err := fmt.Sscanf(test, "pp%d", &n); err == nil && kv != "" {
+			test = fmt.Sprintf("pp%d kv=%s", n, kv)
 		}
 		out[test] = append(out[test], s...)
 	}
 	return out
+}
+
+// llamaBenchKV measures llama.cpp with llama-bench itself: flash attention
+// on, K and V cached as kv, and with depth > 0 the decode after depth
+// tokens filled untimed (llama-bench -d, in llama.cpp since mid 2025).
+// Its tests are named as pagoda's after renameDepth.
+func llamaBenchKV(bin, model, kv string, pp, tg, depth, threads, reps int) (map[string][]float64, string, error) {
+	if kv == "" {
+		kv = "f16"
+	}
+	a := []string{"-m", model, "-p", strconv.Itoa(pp), "-n", strconv.Itoa(tg), "-t", strconv.Itoa(threads),
+		"-r", strconv.Itoa(reps), "-fa", "1", "-ctk", kv, "-ctv", kv, "-o", "json"}
+	if depth > 0 {
+		a = append(a, "-d", strconv.Itoa(depth))
+	}
+	res, commit, err := command(exec.Command(bin, a...), parseLlama)
+	if err != nil {
+		return nil, "", err
+	}
+	out := map[string][]float64{}
+	for test, s := range res {
+		var n int
+		if _, err := fmt.Sscanf(test, "tg%d", &n); err == nil && depth > 0 {
+			test = depthTest(n, depth, kv)
+		} else if _, err := fmt.Sscanf(test, "pp%d", &n); err == nil {
+			test = fmt.Sprintf("pp%d kv=%s", n, kv)
+		}
+		out[test] = append(out[test], s...)
+	}
+	return out, commit, nil
+}
+
+// benchHasDepth reports whether llama-bench bin knows -d (--n-depth).
+func benchHasDepth(bin string) bool {
+	b, _ := exec.Command(bin, "--help").CombinedOutput()
+	return bytes.Contains(b, []byte("--n-depth"))
 }
 
 // llamaServerDepth measures llama.cpp's decode at depth: llama-server with
@@ -59,7 +98,7 @@ func llamaServerDepth(bin, model, kv string, depth, tg, threads, reps, vocab int
 		kv = "f16"
 	}
 	cmd := exec.Command(bin, "-m", model, "-t", strconv.Itoa(threads), "--port", strconv.Itoa(port),
-		"-np", "1", "-c", strconv.Itoa(depth+tg+64), "-fa", "-ctk", kv, "-ctv", kv)
+		"-np", "1", "-c", strconv.Itoa(depth+tg+64), "-fa", "on", "-ctk", kv, "-ctv", kv)
 	var logs bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &logs, &logs
 	srv, err := proc.Start(cmd)

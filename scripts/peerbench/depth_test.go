@@ -8,8 +8,12 @@ import (
 
 func TestRenameDepth(t *testing.T) {
 	got := renameDepth(map[string][]float64{"tg128 @ d4096": {1, 2}, "pp512": {3}}, "q8_0")
-	want := map[string][]float64{"tg128 @ d4096 kv=q8_0": {1, 2}, "pp512": {3}}
+	want := map[string][]float64{"tg128 @ d4096 kv=q8_0": {1, 2}, "pp512 kv=q8_0": {3}}
 	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("%v", got)
+	}
+	// Without a KV format a pp test keeps its plain name.
+	if got := renameDepth(map[string][]float64{"pp512": {3}}, ""); !reflect.DeepEqual(got, map[string][]float64{"pp512": {3}}) {
 		t.Fatalf("%v", got)
 	}
 	if depthTest(128, 4096, "") != "tg128 @ d4096 kv=f16" {
@@ -38,8 +42,8 @@ func TestParseTimings(t *testing.T) {
 
 func TestDepthFlags(t *testing.T) {
 	for _, args := range [][]string{
-		{"-llama", "x", "-m", "a", "-d", "4096"},             // pp not 0
-		{"-llama", "x", "-m", "a", "-p", "0", "-kv", "q8_0"}, // -kv without -d
+		{"-llama", "x", "-m", "a", "-d", "4096"}, // pp not 0
+		{"-llama", "x", "-m", "a", "-p", "0", "-d", "64", "-peer-depth", "cli"},
 		{"-llama", "x", "-m", "a", "-p", "0", "-d", "-1"},
 	} {
 		if err := run(args, &strings.Builder{}, &strings.Builder{}); err == nil {

@@ -72,6 +72,7 @@ func run(args []string, out, log io.Writer) error {
 	depth := fs.Int("d", 0, "tokens already in the KV cache for tg (llama.cpp side through llama-server)")
 	vocab := fs.Int("vocab-size", 32000, "with -d: the llama.cpp prompt's random token ids are drawn below this")
 	kvs := fs.String("kv", "", "with -d: KV-cache formats to test, comma separated (f16, q8_0, q4_0, …; pagoda-only ones such as kivi4 skip llama.cpp)")
+	peer := fs.String("peer-depth", "bench", "with -d: how llama.cpp decodes at depth: bench (llama-bench -d; falls back to server when it lacks -d) or server (llama-server)")
 	loadFlag := fs.String("load", "0", "numbers of competing CPU-bound processes to run during the measurements, comma separated (e.g. 0,1,2: quiet, then one, then two busy loops)")
 	fs.SetOutput(log)
 	if err := fs.Parse(args); err != nil {
@@ -86,11 +87,11 @@ func run(args []string, out, log io.Writer) error {
 	if *depth > 0 && (*pp != 0 || *tg == 0) {
 		return fmt.Errorf("-d measures decode only: give -p 0 and -n > 0")
 	}
+	if *peer != "bench" && *peer != "server" {
+		return fmt.Errorf("-peer-depth is bench or server, not %q", *peer)
+	}
 	if *vocab < 4 {
 		return fmt.Errorf("-vocab-size must be at least 4")
-	}
-	if *kvs != "" && *depth == 0 {
-		return fmt.Errorf("-kv needs -d")
 	}
 	loads, err := parseLoads(*loadFlag)
 	if err != nil {
@@ -101,12 +102,12 @@ func run(args []string, out, log io.Writer) error {
 		formats = strings.Split(*kvs, ",")
 	}
 	tool := "llama-bench"
-	if *depth > 0 {
-		tool = "llama-server"
-	}
 	lb := *llama
 	if st, err := os.Stat(lb); err == nil && st.IsDir() {
 		lb = filepath.Join(lb, "bin", tool)
+	}
+	if *depth > 0 && (*peer == "server" || !benchHasDepth(lb)) {
+		tool, lb = "llama-server", filepath.Join(filepath.Dir(lb), "llama-server")
 	}
 	if _, err := os.Stat(lb); err != nil {
 		return fmt.Errorf("%s: %w", tool, err)
@@ -124,8 +125,11 @@ func run(args []string, out, log io.Writer) error {
 	r := strconv.Itoa(*reps)
 	engines := []*engine{
 		{name: "llama.cpp", runs: map[key][]float64{}, measure: func(m, kv string) (map[string][]float64, string, error) {
-			if *depth > 0 {
+			if *depth > 0 && tool == "llama-server" {
 				return llamaServerDepth(lb, m, kv, *depth, *tg, *threads, *reps, *vocab)
+			}
+			if *depth > 0 || kv != "" {
+				return llamaBenchKV(lb, m, kv, *pp, *tg, *depth, *threads, *reps)
 			}
 			return command(exec.Command(lb, "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-o", "json"), parseLlama)
 		}},
@@ -136,10 +140,12 @@ func run(args []string, out, log io.Writer) error {
 				if kv == "" {
 					kv = "f16" // llama.cpp's default cache; pagoda bench's own default is exact f32
 				}
+			}
+			if kv != "" {
 				a = append(a, "--kv-dtype", kv)
 			}
 			res, commit, err := command(exec.Command(pg, a...), parsePagoda)
-			if err == nil && *depth > 0 {
+			if err == nil && (*depth > 0 || kv != "") {
 				res = renameDepth(res, kv)
 			}
 			return res, commit, err
@@ -189,6 +195,8 @@ func measureRound(engines []*engine, files, formats []string, round, rounds, lev
 				}
 				e.commit = commit
 				for test, s := range res {
+					// Logged as it comes, so a run cut short keeps its samples.
+					fmt.Fprintf(log, "  %s %s: %.2f t/s\n", e.name, test, s)
 					k := key{filepath.Base(m), loadTest(test, level)}
 					e.runs[k] = append(e.runs[k], s...)
 				}
