@@ -131,7 +131,7 @@ func runRun(args []string) error {
 		defer eng.Stop(context.Background())
 		gen = engineGen(eng)
 	}
-	sc, closeDraft, err := spf.build(m, *threads)
+	sc, closeDraft, err := spf.build(m, path, *threads)
 	if err != nil {
 		return err
 	}

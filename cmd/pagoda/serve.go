@@ -249,7 +249,7 @@ func runServe(args []string) error {
 			*name = embedded.Name
 		}
 	}
-	sc, closeDraft, err := spf.build(m, *threads)
+	sc, closeDraft, err := spf.build(m, *modelPath, *threads)
 	if err != nil {
 		return err
 	}

@@ -7,9 +7,11 @@ import (
 	"os"
 	"strings"
 
+	"pagoda/eagle"
 	"pagoda/engine"
 	"pagoda/generate"
 	"pagoda/gguf"
+	"pagoda/medusa"
 	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/spec"
@@ -25,11 +27,19 @@ type specFlags struct {
 	ngramMin, ngramMax int
 	fixed              bool
 	control            bool
+	heads              string
+	headsNodes         int
+	headsTopK          int
+	headsDepth         int
 }
 
 func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.draft, "draft", "", "draft model for speculative decoding (any model file the loaders read, sharing the target's vocabulary)")
-	fs.StringVar(&f.method, "spec-method", "", "speculative decoding: ngram (prompt lookup) or draft (default: draft with --draft, else off)")
+	fs.StringVar(&f.method, "spec-method", "", "speculative decoding: ngram (prompt lookup), draft, medusa or eagle (default: draft with --draft, else off)")
+	fs.StringVar(&f.heads, "heads", "", "medusa/eagle: the heads' side file trained for this model (pagoda heads train), or a published checkpoint (medusa_lm_head.safetensors, an EAGLE safetensors directory)")
+	fs.IntVar(&f.headsNodes, "spec-tree-nodes", 0, "medusa: the static tree's nodes used (0 = all the side file holds); the engine's cost model bounds them per step by --spec-tokens")
+	fs.IntVar(&f.headsTopK, "spec-tree-topk", 4, "eagle: children per expanded node and nodes expanded per level")
+	fs.IntVar(&f.headsDepth, "spec-tree-depth", 5, "eagle: the tree's depth")
 	fs.StringVar(&f.method, "spec", "", "same as --spec-method")
 	fs.IntVar(&f.tokens, "spec-tokens", engine.DefaultSpecTokens, "most draft tokens verified per sequence and step")
 	fs.Float64Var(&f.pmin, "spec-p-min", 0, "draft model: stop drafting at a token the draft gives less probability than this")
@@ -39,12 +49,12 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured by alternating (false: the cost model alone decides)")
 }
 
-var specLimits = []limit{{"spec-tokens", 1, engine.MaxSpecTokens}, {"spec-p-min", 0, 1}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}
+var specLimits = []limit{{"spec-tree-nodes", 0, engine.MaxSpecTokens}, {"spec-tree-topk", 1, 16}, {"spec-tree-depth", 1, 16}, {"spec-tokens", 1, engine.MaxSpecTokens}, {"spec-p-min", 0, 1}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}
 
 // build makes the engine's speculation settings for target; close
 // releases the draft model. Off (a zero SpecConfig) without --draft or
 // --spec-method.
-func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConfig, close func(), err error) {
+func (f *specFlags) build(target *model.Model, targetPath string, threads int) (cfg engine.SpecConfig, close func(), err error) {
 	close = func() {}
 	method := f.method
 	if method == "" && f.draft != "" {
@@ -53,6 +63,24 @@ func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConf
 	switch method {
 	case "":
 		return cfg, close, nil
+	case "medusa", "eagle":
+		if f.draft != "" || f.heads == "" {
+			return cfg, close, fmt.Errorf("--spec-method %s needs --heads FILE (and no --draft)", method)
+		}
+		if method == "medusa" {
+			h, err := medusa.Load(f.heads, target, targetPath)
+			if err != nil {
+				return cfg, close, fmt.Errorf("--heads: %w", err)
+			}
+			cfg.Proposer = h.Proposer(medusa.ProposerOptions{Nodes: f.headsNodes})
+		} else {
+			d, err := eagle.Load(f.heads, target, targetPath)
+			if err != nil {
+				return cfg, close, fmt.Errorf("--heads: %w", err)
+			}
+			d.SetThreads(max(1, threads))
+			cfg.Proposer, close = d.Proposer(eagle.ProposerOptions{TopK: f.headsTopK, Depth: f.headsDepth}), d.Close
+		}
 	case "ngram":
 		if f.draft != "" {
 			return cfg, close, fmt.Errorf("--draft is for --spec-method draft, not ngram")
@@ -84,7 +112,7 @@ func (f *specFlags) build(target *model.Model, threads int) (cfg engine.SpecConf
 		}
 		cfg.Proposer, close = d, func() { d.Close(); dm.Close() }
 	default:
-		return cfg, close, fmt.Errorf("--spec-method %q: want ngram or draft", method)
+		return cfg, close, fmt.Errorf("--spec-method %q: want ngram, draft, medusa or eagle", method)
 	}
 	cfg.Method, cfg.Tokens, cfg.Fixed = method, f.tokens, f.fixed
 	cfg.Control.Off = !f.control
