@@ -42,7 +42,9 @@ func TestRunSpeculative(t *testing.T) {
 	}{
 		{[]string{"--draft", tiny}, "spec: draft"},
 		{[]string{"--spec-method", "draft"}, "needs --draft"},
-		{[]string{"--spec", "medusa"}, "want ngram or draft"},
+		{[]string{"--spec", "medusa"}, "needs --heads FILE"},
+		{[]string{"--spec", "lookahead"}, "want ngram, draft, medusa or eagle"},
+		{[]string{"--spec", "eagle", "--heads", "no-such-file.gguf"}, "--heads"},
 	} {
 		code, _, errOut := pagoda(t, append(base, c.args...)...)
 		if code == 0 || !strings.Contains(errOut, c.want) {

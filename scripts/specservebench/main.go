@@ -49,6 +49,12 @@ var setups = map[string][]string{
 	// not of the drafts the controller or cost model let through.
 	"ngram-fixed": {"--spec-method", "ngram", "--spec-control=false", "--spec-fixed"},
 	"draft-fixed": {"--spec-method", "draft", "--spec-control=false", "--spec-fixed"},
+	// Trees: Medusa heads and an EAGLE draft, with --heads from -medusa
+	// and -eagle; fixed, they verify --spec-tokens tree nodes every step.
+	"medusa":       {"--spec-method", "medusa"},
+	"medusa-fixed": {"--spec-method", "medusa", "--spec-control=false", "--spec-fixed", "--spec-tokens", "16"},
+	"eagle":        {"--spec-method", "eagle"},
+	"eagle-fixed":  {"--spec-method", "eagle", "--spec-control=false", "--spec-fixed", "--spec-tokens", "16"},
 }
 
 func main() {
@@ -78,6 +84,8 @@ func run(args []string) error {
 	threads := fs.Int("threads", 0, "pagoda serve --threads (0 = its default)")
 	serveArgs := fs.String("serve-args", "", "more pagoda serve flags, space separated")
 	draft := fs.String("draft", "", "draft model for the draft setups")
+	medusaHeads := fs.String("medusa", "", "Medusa heads (side file) for the medusa setups")
+	eagleHeads := fs.String("eagle", "", "EAGLE draft (side file) for the eagle setups")
 	text := fs.String("text", "", "cut the prompts from this text file (tokenized by -m) instead of random ids")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -130,6 +138,12 @@ func run(args []string) error {
 				}
 				if *threads > 0 {
 					extra = append(extra, "--threads", strconv.Itoa(*threads))
+				}
+				if strings.HasPrefix(name, "medusa") {
+					extra = append(extra, "--heads", *medusaHeads)
+				}
+				if strings.HasPrefix(name, "eagle") {
+					extra = append(extra, "--heads", *eagleHeads)
 				}
 				if strings.HasPrefix(name, "draft") {
 					extra = append(extra, "--draft", *draft)
