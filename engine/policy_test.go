@@ -188,6 +188,19 @@ func TestPoliciesServe(t *testing.T) {
 }
 
 // runAll submits every request at once and collects all completions.
+// runLoad runs reqs through e one after another ("solo") or all at once.
+func runLoad(t *testing.T, e *Engine, reqs []*Request, load string) []result {
+	t.Helper()
+	if load != "solo" {
+		return runAll(t, e, reqs)
+	}
+	var got []result
+	for _, r := range reqs {
+		got = append(got, run(t, e, r))
+	}
+	return got
+}
+
 func runAll(t *testing.T, e *Engine, reqs []*Request) []result {
 	t.Helper()
 	got := make([]result, len(reqs))

@@ -221,14 +221,7 @@ func TestSpecCtlIdentical(t *testing.T) {
 			cfg.KVBlocks = 64
 			cfg.Spec = SpecConfig{Proposer: ng, Tokens: 4, Control: SpecControl{Window: 2, ProbeEvery: 2}}
 			e := startEngine(t, &fakeModel{check: true}, cfg)
-			var got []result
-			if load == "solo" {
-				for _, r := range reqs {
-					got = append(got, run(t, e, r))
-				}
-			} else {
-				got = runAll(t, e, reqs)
-			}
+			got := runLoad(t, e, reqs, load)
 			e.Stop(context.Background())
 			for i := range reqs {
 				if fmt.Sprint(got[i].tokens, got[i].finish, got[i].text) != fmt.Sprint(want[i].tokens, want[i].finish, want[i].text) {

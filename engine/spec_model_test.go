@@ -82,14 +82,7 @@ func TestSpecStoriesGreedy(t *testing.T) {
 				t.Fatal(err)
 			}
 			e.Start()
-			var got []result
-			if load == "solo" {
-				for _, r := range reqs {
-					got = append(got, run(t, e, r))
-				}
-			} else {
-				got = runAll(t, e, reqs)
-			}
+			got := runLoad(t, e, reqs, load)
 			e.Stop(context.Background())
 			for i := range reqs {
 				if fmt.Sprint(got[i].tokens, got[i].text) != fmt.Sprint(want[i].tokens, want[i].text) {

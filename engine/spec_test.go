@@ -114,14 +114,7 @@ func TestSpecGreedyIdentical(t *testing.T) {
 					cfg.KVBlocks = 64
 				}
 				e := startEngine(t, &fakeModel{check: true}, cfg)
-				var got []result
-				if load == "solo" {
-					for _, r := range reqs {
-						got = append(got, run(t, e, r))
-					}
-				} else {
-					got = runAll(t, e, reqs)
-				}
+				got := runLoad(t, e, reqs, load)
 				e.Stop(context.Background())
 				for i := range reqs {
 					if fmt.Sprint(got[i].tokens, got[i].finish) != fmt.Sprint(want[i].tokens, want[i].finish) || got[i].text[0] != want[i].text[0] {

@@ -176,14 +176,7 @@ func TestTreeGreedyIdentical(t *testing.T) {
 				}
 				e.trees = tc != "first-branch"
 				e.Start()
-				var got []result
-				if load == "solo" {
-					for _, r := range reqs {
-						got = append(got, run(t, e, r))
-					}
-				} else {
-					got = runAll(t, e, reqs)
-				}
+				got := runLoad(t, e, reqs, load)
 				e.Stop(context.Background())
 				for i := range reqs {
 					if fmt.Sprint(got[i].tokens, got[i].finish) != fmt.Sprint(want[i].tokens, want[i].finish) {
@@ -362,14 +355,7 @@ func TestTreeStoriesGreedy(t *testing.T) {
 				t.Fatalf("%v: trees not allowed", dt)
 			}
 			e.Start()
-			var got []result
-			if load == "solo" {
-				for _, r := range reqs {
-					got = append(got, run(t, e, r))
-				}
-			} else {
-				got = runAll(t, e, reqs)
-			}
+			got := runLoad(t, e, reqs, load)
 			e.Stop(context.Background())
 			for i := range reqs {
 				if fmt.Sprint(got[i].tokens, got[i].text) != fmt.Sprint(want[i].tokens, want[i].text) {
