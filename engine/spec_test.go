@@ -245,13 +245,32 @@ func TestSpecCancelAndPreemptNoLeak(t *testing.T) {
 	cfg.Spec = SpecConfig{Proposer: d, Tokens: 4, Fixed: true}
 	e := startEngine(t, &fakeModel{check: true}, cfg)
 	reqs := specWorkload(7, 24)
-	rng := rand.New(rand.NewPCG(8, 8))
-	var wg sync.WaitGroup
 	for i, r := range reqs {
 		r.MaxTokens += 20
 		if i%2 == 1 {
 			r.Sampling = sample.Params{Temperature: 1, Seed: uint64(i), HasSeed: true}
 		}
+	}
+	submitCancelling(t, e, reqs, 8)
+	if err := e.Stop(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	st := e.Stats()
+	if st.Preemptions == 0 || st.SpecDrafts == 0 {
+		t.Fatalf("preemptions %d, drafts %d: the load did not exercise both", st.Preemptions, st.SpecDrafts)
+	}
+	mustNoLeak(t, e)
+	mustNoLeakKV(t, d)
+}
+
+// submitCancelling submits reqs and reads them concurrently, cancelling
+// two in three after a random number of tokens, and returns when every
+// stream has closed.
+func submitCancelling(t *testing.T, e *Engine, reqs []*Request, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, seed))
+	var wg sync.WaitGroup
+	for i, r := range reqs {
 		ctx, cancel := context.WithCancel(context.Background())
 		ch, err := e.Submit(ctx, r)
 		if err != nil {
@@ -272,15 +291,6 @@ func TestSpecCancelAndPreemptNoLeak(t *testing.T) {
 		}()
 	}
 	wg.Wait()
-	if err := e.Stop(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	st := e.Stats()
-	if st.Preemptions == 0 || st.SpecDrafts == 0 {
-		t.Fatalf("preemptions %d, drafts %d: the load did not exercise both", st.Preemptions, st.SpecDrafts)
-	}
-	mustNoLeak(t, e)
-	mustNoLeakKV(t, d)
 }
 
 // TestSpecMetrics reads the vLLM spec_decode counters back.

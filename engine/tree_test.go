@@ -271,8 +271,6 @@ func TestTreeCancelPreemptNoLeak(t *testing.T) {
 	cfg.KVBlocks, cfg.BlockSize, cfg.MaxNumBatchedTokens = 12, 8, 48
 	cfg.Spec = SpecConfig{Proposer: featOracle{o}, Tokens: 8, Fixed: true}
 	e := startEngine(t, &fakeModel{check: true}, cfg)
-	rng := rand.New(rand.NewPCG(8, 8))
-	done := make(chan struct{})
 	for i, r := range reqs {
 		r.MaxTokens += 20
 		switch i % 4 {
@@ -281,27 +279,8 @@ func TestTreeCancelPreemptNoLeak(t *testing.T) {
 		case 2:
 			r.SpecTokens = -1
 		}
-		ctx, cancel := context.WithCancel(context.Background())
-		ch, err := e.Submit(ctx, r)
-		if err != nil {
-			t.Fatal(err)
-		}
-		after := rng.IntN(12)
-		go func() {
-			defer func() { done <- struct{}{} }()
-			defer cancel()
-			n := 0
-			for ev := range ch {
-				n += len(ev.Tokens)
-				if n > after && i%3 != 0 {
-					cancel()
-				}
-			}
-		}()
 	}
-	for range reqs {
-		<-done
-	}
+	submitCancelling(t, e, reqs, 8)
 	if err := e.Stop(context.Background()); err != nil {
 		t.Fatal(err)
 	}
