@@ -223,7 +223,9 @@ func (c *mixedClient) stream(ctx context.Context, path, body string, leave int) 
 			continue
 		}
 		if string(data) == "[DONE]" {
-			if !finished || !usage {
+			// Usage comes only to a client that asked for it: a short
+			// reply can end before a leaving client (kind 6) goes.
+			if !finished || (!usage && strings.Contains(body, `"include_usage":true`)) {
 				return fmt.Errorf("%s stream ended without a finish reason (%v) or usage (%v)", path, finished, usage)
 			}
 			return nil
