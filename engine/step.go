@@ -35,6 +35,9 @@ func (e *Engine) step() bool {
 	if err == nil {
 		out, err = e.ex.Execute(&e.in)
 	}
+	if err == nil && e.kv.Link != nil {
+		e.kv.Link.Report(out.KV) // before Update commits: what to free, what not to hash
+	}
 	e.moves, e.in.Moves = e.moves[:0], nil // applied, or lost with the step's requests
 	logits := out.Logits
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {

@@ -89,6 +89,9 @@ type StepOutput struct {
 	// is smaller), largest first, ties to the lower id; Logits then
 	// holds their values in the same order.
 	TopIDs []int32
+	// KV is what the storage's stateful policies decided for the
+	// manager (kvcache.Follower.Reports), when the storage keeps them.
+	KV []model.KVReport
 }
 
 // Executor runs steps. Implementations are called from one goroutine at a
@@ -122,8 +125,18 @@ func (l *Local) Execute(in *StepInput) (StepOutput, error) {
 	if err := moveSlots(l.KV, in.Moves); err != nil {
 		return StepOutput{}, err
 	}
+	rep, _ := l.KV.(Reporter)
 	if len(in.Tokens) == 0 {
-		return StepOutput{}, nil
+		if in.KV == nil || len(in.KV.Notes) == 0 {
+			return StepOutput{}, nil
+		}
+		if rep == nil {
+			return StepOutput{}, fmt.Errorf("executor: KV storage %T cannot follow a manager's notes", l.KV)
+		}
+		if err := rep.Apply(in.KV.Notes); err != nil {
+			return StepOutput{}, err
+		}
+		return StepOutput{KV: rep.Reports()}, nil
 	}
 	var out StepOutput
 	if in.Hidden {
@@ -140,12 +153,23 @@ func (l *Local) Execute(in *StepInput) (StepOutput, error) {
 		return StepOutput{}, err
 	}
 	out.Logits = logits
+	if rep != nil {
+		out.KV = rep.Reports()
+	}
 	if in.TopK > 0 {
 		if out.TopIDs, out.Logits, err = TopK(logits, in.Rows(), in.TopK, nil, nil); err != nil {
 			return StepOutput{}, err
 		}
 	}
 	return out, nil
+}
+
+// Reporter is KV storage that follows a manager on another process
+// (kvcache.Follower): it applies the notes a plan carries, and reports
+// what its stateful policies decided after each step.
+type Reporter interface {
+	Apply(notes []model.KVNote) error
+	Reports() []model.KVReport
 }
 
 // SlotMover is KV storage that copies slots, every layer: what applies a

@@ -12,7 +12,8 @@ import (
 // logits, concatenated in row order, are in's. Rows of one sequence may
 // fall in two slices: run one after the other, the later rows find the
 // earlier ones' K/V stored, as within one step. The slot moves go with
-// the first slice (they precede every row), the rotary positions and the
+// the first slice (they precede every row), and so do the plan's notes;
+// the rotary positions and the
 // hidden-state request with each.
 func (in *StepInput) Slice(lo, hi int) (*StepInput, error) {
 	if err := in.check(); err != nil {
@@ -38,6 +39,9 @@ func (in *StepInput) Slice(lo, hi int) (*StepInput, error) {
 		p, err := slicePlan(in.KV, T, lo, hi)
 		if err != nil {
 			return nil, err
+		}
+		if lo == 0 {
+			p.Notes = in.KV.Notes
 		}
 		out.KV = p
 	}

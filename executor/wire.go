@@ -22,8 +22,13 @@ import (
 //	                Tables, Slots, SpanOff, Spans, each u32 n, n×i32
 //	                then, only when the step has any: 'X', u8 flags (1:
 //	                hidden states wanted, 2: rotary positions present,
-//	                4: top-k rows wanted, then u32 k), the rotary
-//	                positions and the slot moves, each u32 n, n×i32
+//	                4: top-k rows wanted, then u32 k; 8: the plan's
+//	                notes follow), the rotary positions and the slot
+//	                moves, each u32 n, n×i32, then the notes: u32 n, and
+//	                per note u8 op, i32 seq, i32 n, u32 len + the policy
+//	                string's bytes, u32 n + n×i32 block table
+//	'K' reports:    u32 n, per report i32 seq, i32 sealed, u32 n + n×i32
+//	                dead spans; then a 'T' or 'O' output
 //	'O' StepOutput: u32 N, N×f32 logits (their IEEE bits, so bit-exact),
 //	                then, when the executor measured it or hidden states
 //	                follow, u64 busy nanoseconds, then for hidden states
@@ -40,6 +45,10 @@ const (
 	kindError  = 'E'
 	kindExt    = 'X'
 	kindTop    = 'T'
+	kindReport = 'K'
+
+	// maxPolicyName bounds a note's policy string.
+	maxPolicyName = 1 << 12
 
 	// maxFrame bounds what a peer can make the reader allocate.
 	maxFrame = 1 << 30
@@ -78,7 +87,8 @@ func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
 			dst = appendInts(dst, *s)
 		}
 	}
-	if in.Rope == nil && len(in.Moves) == 0 && !in.Hidden && in.TopK == 0 {
+	notes := in.KV != nil && len(in.KV.Notes) > 0
+	if in.Rope == nil && len(in.Moves) == 0 && !in.Hidden && in.TopK == 0 && !notes {
 		return dst, nil
 	}
 	flags := byte(0)
@@ -91,12 +101,67 @@ func AppendStep(dst []byte, in *StepInput) ([]byte, error) {
 	if in.TopK > 0 {
 		flags |= 4
 	}
+	if notes {
+		flags |= 8
+	}
 	dst = append(dst, kindExt, flags)
 	if in.TopK > 0 {
 		dst = binary.LittleEndian.AppendUint32(dst, uint32(in.TopK))
 	}
 	dst = appendInts(dst, in.Rope)
-	return appendInts(dst, in.Moves), nil
+	dst = appendInts(dst, in.Moves)
+	if notes {
+		dst = appendNotes(dst, in.KV.Notes)
+	}
+	return dst, nil
+}
+
+func appendNotes(dst []byte, notes []model.KVNote) []byte {
+	dst = binary.LittleEndian.AppendUint32(dst, uint32(len(notes)))
+	for _, n := range notes {
+		dst = append(dst, byte(n.Op))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(n.Seq))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(n.N))
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(n.Policy)))
+		dst = append(dst, n.Policy...)
+		dst = appendInts(dst, n.Table)
+	}
+	return dst
+}
+
+// readNotes reads what appendNotes wrote into dst (reused), returning
+// the rest of p.
+func readNotes(p []byte, dst []model.KVNote) ([]byte, []model.KVNote, error) {
+	if len(p) < 4 {
+		return p, dst, errors.New("executor: KV notes truncated")
+	}
+	n := int(binary.LittleEndian.Uint32(p))
+	p = p[4:]
+	if n < 0 || n > len(p)/13 {
+		return p, dst, fmt.Errorf("executor: %d KV notes in %d bytes", n, len(p))
+	}
+	dst = dst[:0]
+	for range n {
+		if len(p) < 13 {
+			return p, dst, errors.New("executor: KV note truncated")
+		}
+		nt := model.KVNote{Op: model.KVOp(p[0]), Seq: int32(binary.LittleEndian.Uint32(p[1:])), N: int32(binary.LittleEndian.Uint32(p[5:]))}
+		l := int(binary.LittleEndian.Uint32(p[9:]))
+		p = p[13:]
+		if l < 0 || l > maxPolicyName || l > len(p) {
+			return p, dst, fmt.Errorf("executor: KV note's policy of %d bytes", l)
+		}
+		nt.Policy = string(p[:l])
+		var err error
+		if p, err = readInts(p[l:], &nt.Table, "KV note's block table"); err != nil {
+			return p, dst, err
+		}
+		if len(nt.Table) == 0 {
+			nt.Table = nil
+		}
+		dst = append(dst, nt)
+	}
+	return p, dst, nil
 }
 
 func appendInts(dst []byte, s []int32) []byte {
@@ -182,6 +247,7 @@ func DecodeStep(p []byte, in *StepInput) error {
 		if in.KV == nil {
 			in.KV = new(model.KVPlan)
 		}
+		in.KV.Notes = in.KV.Notes[:0]
 		for _, s := range planFields(in.KV) {
 			var err error
 			if p, err = readInts(p, s, "KV plan"); err != nil {
@@ -200,7 +266,7 @@ func decodeExt(p []byte, in *StepInput, T int) error {
 		in.Rope = nil
 		return nil
 	}
-	if len(p) < 2 || p[0] != kindExt || p[1] > 7 {
+	if len(p) < 2 || p[0] != kindExt || p[1] > 15 {
 		return fmt.Errorf("executor: %d unexpected bytes after the KV plan", len(p))
 	}
 	flags := p[1]
@@ -230,6 +296,17 @@ func decodeExt(p []byte, in *StepInput, T int) error {
 	if p, err = readInts(p, &in.Moves, "slot moves"); err != nil {
 		return err
 	}
+	if flags&8 != 0 {
+		if in.KV == nil {
+			return errors.New("executor: KV notes without a KV plan")
+		}
+		if p, in.KV.Notes, err = readNotes(p, in.KV.Notes); err != nil {
+			return err
+		}
+		if len(in.KV.Notes) == 0 {
+			return errors.New("executor: an empty list of KV notes")
+		}
+	}
 	if len(p) != 0 {
 		return fmt.Errorf("executor: %d bytes after the step", len(p))
 	}
@@ -248,6 +325,15 @@ func growInts(s []int32, n int) []int32 {
 
 // AppendOutput appends the encoding of out.
 func AppendOutput(dst []byte, out *StepOutput) []byte {
+	if len(out.KV) > 0 {
+		dst = append(dst, kindReport)
+		dst = binary.LittleEndian.AppendUint32(dst, uint32(len(out.KV)))
+		for _, r := range out.KV {
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Seq))
+			dst = binary.LittleEndian.AppendUint32(dst, uint32(r.Sealed))
+			dst = appendInts(dst, r.Dead)
+		}
+	}
 	if out.TopIDs != nil {
 		dst = append(dst, kindTop)
 		dst = appendInts(dst, out.TopIDs)
@@ -280,6 +366,10 @@ func AppendError(dst []byte, err error) []byte {
 func DecodeOutput(p []byte, out *StepOutput) error {
 	if len(p) >= 1 && p[0] == kindError {
 		return &RemoteError{Msg: string(p[1:])}
+	}
+	var err error
+	if p, out.KV, err = readReports(p, out.KV); err != nil {
+		return err
 	}
 	out.TopIDs = out.TopIDs[:0]
 	if len(p) >= 1 && p[0] == kindTop {
@@ -325,6 +415,37 @@ func DecodeOutput(p []byte, out *StepOutput) error {
 		out.Logits[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
 	}
 	return nil
+}
+
+// readReports reads an output's optional KV reports into dst (reused).
+func readReports(p []byte, dst []model.KVReport) ([]byte, []model.KVReport, error) {
+	if len(p) == 0 || p[0] != kindReport {
+		return p, dst[:0], nil
+	}
+	if len(p) < 5 {
+		return p, dst, errors.New("executor: KV reports truncated")
+	}
+	n := int(binary.LittleEndian.Uint32(p[1:]))
+	p = p[5:]
+	if n < 0 || n > len(p)/12 {
+		return p, dst, fmt.Errorf("executor: %d KV reports in %d bytes", n, len(p))
+	}
+	dst = dst[:0]
+	for range n {
+		if len(p) < 12 {
+			return p, dst, errors.New("executor: KV report truncated")
+		}
+		r := model.KVReport{Seq: int32(binary.LittleEndian.Uint32(p)), Sealed: int32(binary.LittleEndian.Uint32(p[4:]))}
+		var err error
+		if p, err = readInts(p[8:], &r.Dead, "KV report's dead blocks"); err != nil {
+			return p, dst, err
+		}
+		if len(r.Dead)%2 != 0 {
+			return p, dst, fmt.Errorf("executor: KV report of sequence %d has %d span ends", r.Seq, len(r.Dead))
+		}
+		dst = append(dst, r)
+	}
+	return p, dst, nil
 }
 
 func floats(dst []float32, p []byte) []float32 {

@@ -150,6 +150,10 @@ type Cache struct {
 
 	// Policies is which policy each sequence runs (seqpolicy.go).
 	Policies *SeqPolicies
+	// Link, in a manager without storage, carries page copies and what
+	// stateful policies must hear to the storage's side in each plan,
+	// and takes their reports back (link.go); nil with the storage here.
+	Link *Link
 }
 
 // New makes a KV manager over storage allocated for cfg.
@@ -158,7 +162,8 @@ func New(cfg Config) (*Cache, error) { return newCache(cfg, true) }
 // NewManager makes the KV manager alone, with no pages: a scheduler whose
 // storage is on other processes (they get each step's Plan). It allocates,
 // shares, forks and plans as New's cache does; Begin fails. Policies fed
-// by attention (H2O, SnapKV, Quest) need the storage here and are refused.
+// by attention (H2O, SnapKV, Quest) run on the storage's side (a
+// Follower), told through Link.
 func NewManager(cfg Config) (*Cache, error) { return newCache(cfg, false) }
 
 func newCache(cfg Config, storage bool) (*Cache, error) {
@@ -187,11 +192,7 @@ func newCache(cfg Config, storage bool) (*Cache, error) {
 	}
 	if !storage {
 		layers = 0
-		for _, g := range groups {
-			if _, ok := g.Policy.(attacher); ok {
-				return nil, fmt.Errorf("kvcache: policy %v keeps state that attention feeds: it needs the storage in this process", g.Policy)
-			}
-		}
+		c.Link = &Link{c: c}
 	}
 	if err := c.Storage.init(cfg, groups, layers); err != nil {
 		return nil, err
@@ -201,7 +202,9 @@ func newCache(cfg Config, storage bool) (*Cache, error) {
 	c.Policies = &SeqPolicies{c: c}
 	c.Storage.route = func(gi int, seq int32) (Policy, bool) { return c.Policies.of(gi, seq), c.Policies.lossyOf(gi, seq) }
 	for gi, g := range groups {
-		if a, ok := g.Policy.(attacher); ok {
+		if c.Link != nil {
+			c.groups[gi].Policy = c.Link.stand(g.Policy)
+		} else if a, ok := g.Policy.(attacher); ok {
 			bound, err := a.attach(c, gi)
 			if err != nil {
 				return nil, err
@@ -276,6 +279,9 @@ func (c *Cache) Policy(gi int) Policy { return c.groups[gi].Policy }
 // policy seq is bound to. The engine calls it at each admission of a
 // sequence, after Bind; Free forgets it.
 func (c *Cache) NotePrompt(seq int32, n int) {
+	if c.Link != nil && c.Link.follows(seq) {
+		c.Link.note(model.NotePrompt, seq, int32(n))
+	}
 	for gi := range c.groups {
 		if p, ok := c.Policies.of(gi, seq).(prompter); ok {
 			p.notePrompt(seq, n)
@@ -481,6 +487,9 @@ func (c *Cache) Allocate(seq int32, hit []int32, from, upto int) bool {
 		}
 		nb := c.pool.alloc()
 		c.copyBlock(nb, old)
+		if c.Link != nil {
+			c.Link.note(model.NoteCopy, nb, old)
+		}
 		c.pool.release(old)
 		t.blocks[i] = nb
 	}
@@ -502,6 +511,9 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 	t := c.tables[seq]
 	if t == nil {
 		return
+	}
+	if c.Link != nil {
+		c.Link.committed(seq, computed)
 	}
 	for gi := range c.groups {
 		if tr, ok := c.Policies.of(gi, seq).(Tracker); ok {
@@ -538,6 +550,9 @@ func (c *Cache) Commit(seq int32, tokens []int32, computed int, extra uint64) {
 // queue first, so a cached prefix outlives its own continuation.
 // Its policy state and its binding to a policy (Bind) go too.
 func (c *Cache) Free(seq int32) {
+	if c.Link != nil {
+		c.Link.truncated(seq, 0)
+	}
 	c.track(seq, func(tr Tracker) { tr.Truncated(seq, 0) })
 	c.Policies.unbind(seq)
 	t := c.tables[seq]
@@ -574,14 +589,11 @@ func (c *Cache) Fork(parent, child int32) error {
 		}
 	}
 	c.tables[child] = t
-	if sp := c.Policies.bound[parent]; c.Policies.bound[child] != sp {
-		c.Policies.unbind(child)
-		if sp != nil {
-			sp.seqs++
-			c.Policies.bound[child] = sp
-		}
-	}
+	c.Policies.forkBinding(parent, child)
 	c.track(parent, func(tr Tracker) { tr.Forked(parent, child) })
+	if c.Link != nil {
+		c.Link.forked(parent, child)
+	}
 	return nil
 }
 
@@ -709,6 +721,9 @@ func (c *Cache) Truncate(seq int32, n int) {
 		n = 0
 	}
 	c.track(seq, func(tr Tracker) { tr.Truncated(seq, n) })
+	if c.Link != nil {
+		c.Link.truncated(seq, n)
+	}
 	keep := c.blocksFor(n)
 	for i := len(t.blocks) - 1; i >= keep; i-- {
 		if t.blocks[i] == released {

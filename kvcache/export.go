@@ -68,6 +68,7 @@ func (kv *Storage) ImportPages(pages []int32, src []byte) error {
 				if pg < 0 || int(pg) >= kv.npages {
 					return fmt.Errorf("kvcache: import into page %d of %d", pg, kv.npages)
 				}
+				kv.written[pg]++
 				n, err := pc.SetPage(int(pg), src)
 				if err != nil {
 					return err

@@ -70,6 +70,7 @@ func (kv *Storage) MoveSlots(pairs []int32) error {
 	bs := int32(kv.bs)
 	for i := 0; i < len(pairs); i += 2 {
 		s, d := pairs[i], pairs[i+1]
+		kv.written[d/bs]++
 		for _, ls := range kv.layers {
 			ls.k.(slotCopier).CopySlot(int(d/bs), int(d%bs), int(s/bs), int(s%bs))
 			if ls.v != nil {

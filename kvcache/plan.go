@@ -95,6 +95,9 @@ func (c *Cache) Plan(pos, seq, parent []int32, dst *model.KVPlan) error {
 			return err
 		}
 	}
+	if c.Link != nil {
+		c.Link.Take(dst)
+	}
 	return nil
 }
 
@@ -175,6 +178,7 @@ func (kv *Storage) load(b *model.Batch, pl *model.KVPlan) error {
 				return fmt.Errorf("kvcache: plan row %d (sequence %d position %d) has slot %d outside its table", i, b.Seq[i], pos, slot)
 			}
 			st.rows = append(st.rows, stepRow{pos: pos, seq: int32(len(st.seqs)), page: slot / int32(kv.bs), slot: slot % int32(kv.bs)})
+			kv.written[slot/int32(kv.bs)]++
 		}
 		st.seqs = append(st.seqs, s)
 	}

@@ -35,10 +35,11 @@ type questState struct {
 	// bounds[l] holds, per physical block and KV head, 2·kd floats: the
 	// maxima then the minima of the block's keys in layer l.
 	bounds [][]float32
-	// gen[id] is the allocation of block id (blockMeta.gen) its bounds
-	// were computed for: a prefix hit on a block some sequence of another
-	// policy filled, or filled before this instance existed, finds it
-	// stale and computes them.
+	// gen[id] is the count of writes into page id (Storage.written)
+	// its bounds were computed after: a prefix hit on a block some
+	// sequence of another policy filled, or filled before this instance
+	// existed, finds it stale and computes them; a block whose bounds
+	// some Quest sequence computed since its last write is reused.
 	gen  []uint32
 	seqs map[int32]*questSeq
 	pool sync.Pool // *questScratch
@@ -115,8 +116,8 @@ func (*QuestPolicy) MaxBlocks(_, _ int) int { return 0 }
 func (*QuestPolicy) Lossy() bool { return true }
 
 // Committed implements Tracker: it computes the bounds of blocks the
-// sequence has filled. Blocks registered in the prefix cache before the
-// sequence first commits came from a hit: their bounds exist already.
+// sequence has filled, but for blocks whose bounds are current (nothing
+// wrote them since: a prefix hit, a fork's shared blocks).
 func (p *QuestPolicy) Committed(seq int32, next int) {
 	st := p.st
 	c := st.c
@@ -125,21 +126,18 @@ func (p *QuestPolicy) Committed(seq int32, next int) {
 		return
 	}
 	s := st.seqs[seq]
-	row := make([]float32, st.nkv*st.kd)
 	if s == nil {
 		s = &questSeq{}
 		s.sealed.Store(math.MaxInt64)
-		for s.done < len(t.blocks) && t.blocks[s.done] != released && c.pool.blocks[t.blocks[s.done]].hashed {
-			if id := t.blocks[s.done]; st.gen[id] != c.pool.blocks[id].gen {
-				st.bound(int(id), row)
-			}
-			s.done++
-		}
 		st.seqs[seq] = s
 	}
+	var row []float32
 	for ; s.done < next/c.bs && s.done < len(t.blocks); s.done++ {
-		if id := int(t.blocks[s.done]); id >= 0 {
-			st.bound(id, row)
+		if id := t.blocks[s.done]; id >= 0 && st.gen[id] != c.written[id] {
+			if row == nil {
+				row = make([]float32, st.nkv*st.kd)
+			}
+			st.bound(int(id), row)
 		}
 	}
 }
@@ -148,7 +146,7 @@ func (p *QuestPolicy) Committed(seq int32, next int) {
 // one key row).
 func (st *questState) bound(id int, row []float32) {
 	c := st.c
-	st.gen[id] = c.pool.blocks[id].gen
+	st.gen[id] = c.written[id]
 	for l, li := range st.layer {
 		b := st.bounds[li][id*st.nkv*2*st.kd : (id+1)*st.nkv*2*st.kd]
 		for h := 0; h < st.nkv; h++ {

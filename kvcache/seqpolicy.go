@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"math"
 	"strings"
+
+	"pagoda/model"
 )
 
 // Policies per sequence.
@@ -170,6 +172,13 @@ func (ps *SeqPolicies) Bind(seq int32, p Policy) error {
 		return fmt.Errorf("kvcache: sequence %d holds blocks: its policy cannot change", seq)
 	}
 	ps.unbind(seq)
+	if c.Link != nil {
+		name := ""
+		if key != "" {
+			name = PolicyName(ps.resolve(p))
+		}
+		c.Link.notes = append(c.Link.notes, model.KVNote{Op: model.NoteBind, Seq: seq, Policy: name})
+	}
 	if key == "" {
 		return nil
 	}
@@ -208,9 +217,6 @@ func (ps *SeqPolicies) init() {
 
 func (ps *SeqPolicies) attach(key string, p Policy) (*seqPolicy, error) {
 	c := ps.c
-	if _, ok := p.(attacher); ok && len(c.layers) == 0 {
-		return nil, fmt.Errorf("kvcache: policy %v keeps state that attention feeds: it needs the storage in this process", p)
-	}
 	sp := &seqPolicy{key: key, groups: make([]Policy, len(c.groups)), exact: math.MaxInt}
 	for gi, g := range c.groups {
 		sp.groups[gi] = g.Policy
@@ -218,7 +224,9 @@ func (ps *SeqPolicies) attach(key string, p Policy) (*seqPolicy, error) {
 			continue
 		}
 		b := p
-		if q, ok := p.(*QuestPolicy); ok {
+		if c.Link != nil {
+			b = c.Link.stand(p)
+		} else if q, ok := p.(*QuestPolicy); ok {
 			b = ps.sharedQuest(q, gi)
 		} else if a, ok := p.(attacher); ok {
 			var err error
@@ -258,6 +266,17 @@ func (ps *SeqPolicies) sharedQuest(q *QuestPolicy, gi int) Policy {
 		ps.questShared[gi] = all.(*QuestPolicy).st
 	}
 	return &QuestPolicy{Budget: q.Budget, Dense: q.Dense, st: ps.questShared[gi]}
+}
+
+// forkBinding binds child to parent's policy, state apart (Forked).
+func (ps *SeqPolicies) forkBinding(parent, child int32) {
+	if sp := ps.bound[parent]; ps.bound[child] != sp {
+		ps.unbind(child)
+		if sp != nil {
+			sp.seqs++
+			ps.bound[child] = sp
+		}
+	}
 }
 
 // unbind drops seq's binding, and the policy with its state when no

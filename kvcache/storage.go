@@ -27,6 +27,10 @@ type Storage struct {
 	rope   *Rotary
 
 	step    step // the batch Begin prepared
+	// written counts, per page, the steps and copies that wrote into it:
+	// what a page's derived data (Quest's key bounds) is stamped with,
+	// on whichever side of a process boundary the storage is.
+	written []uint32
 	scratch sync.Pool
 
 	// route is the policy a sequence runs in a layer group, for the hooks
@@ -67,6 +71,7 @@ func (kv *Storage) init(cfg Config, groups []GroupSpec, layers int) error {
 	if layers == 0 { // a KV manager alone (NewManager)
 		return nil
 	}
+	kv.written = make([]uint32, cfg.NumBlocks)
 	for _, g := range groups {
 		if int64(cfg.NumBlocks)*int64(kv.bs*g.NKVHead*max(g.KDim, g.VDim)) > math.MaxInt32*8 {
 			return fmt.Errorf("kvcache: %d blocks of %d tokens × %d kv heads × %d per layer is too large", cfg.NumBlocks, kv.bs, g.NKVHead, max(g.KDim, g.VDim))
@@ -95,6 +100,9 @@ func (kv *Storage) Begin(b *model.Batch) error {
 	if b.KV == nil {
 		return errors.New("kvcache: a step without a KV plan reached storage with no KV manager")
 	}
+	if len(b.KV.Notes) > 0 {
+		return errors.New("kvcache: a plan with notes (page copies, policy state) reached storage that does not follow its manager (use NewFollower)")
+	}
 	return kv.load(b, b.KV)
 }
 
@@ -120,6 +128,10 @@ func (kv *Storage) lossyOf(gi int, seq int32) bool {
 
 // copyBlock copies page src over page dst in every layer (copy-on-write).
 func (kv *Storage) copyBlock(dst, src int32) {
+	if kv.written == nil { // a manager alone: the Follower copies
+		return
+	}
+	kv.written[dst]++
 	for _, ls := range kv.layers {
 		ls.k.CopyPage(int(dst), int(src))
 		if ls.v != nil {

@@ -51,11 +51,63 @@ type KVPlan struct {
 	// [From, To) pairs: group g, row i's pairs are
 	// Spans[2·SpanOff[g·(T+1)+i] : 2·SpanOff[g·(T+1)+i+1]].
 	SpanOff, Spans []int32
+	// Notes are the manager's changes since the previous step that the
+	// storage's side must follow, in the order they were made: page
+	// copies, and what policies keeping state there (H2O's scores,
+	// SnapKV's votes, Quest's key bounds) must hear of a sequence.
+	Notes []KVNote
 }
 
 // Reset empties p, keeping its memory.
 func (p *KVPlan) Reset() {
 	p.Runs, p.TableOff, p.Tables, p.Slots, p.SpanOff, p.Spans = p.Runs[:0], p.TableOff[:0], p.Tables[:0], p.Slots[:0], p.SpanOff[:0], p.Spans[:0]
+	p.Notes = p.Notes[:0]
+}
+
+// KVOp is what a KVNote says happened.
+type KVOp uint8
+
+// The notes a KV manager sends its storage.
+const (
+	// NoteCopy: page N was copied into page Seq (copy-on-write of a
+	// shared block), every layer.
+	NoteCopy KVOp = iota + 1
+	// NoteBind: sequence Seq runs the policy Policy (its configuration
+	// string) until it is freed.
+	NoteBind
+	// NotePrompt: Seq's prompt is its first N tokens.
+	NotePrompt
+	// NoteCommit: Seq has computed its first N tokens; Table is its block
+	// table then.
+	NoteCommit
+	// NoteTruncate: Seq keeps its first N tokens.
+	NoteTruncate
+	// NoteFork: sequence N starts as a copy of Seq.
+	NoteFork
+	// NoteFree: Seq is gone.
+	NoteFree
+)
+
+// KVNote is one change a KV manager made that its storage, on another
+// process, must follow.
+type KVNote struct {
+	Op     KVOp
+	Seq, N int32
+	Policy string
+	Table  []int32
+}
+
+// KVReport is what the storage's side of a stateful policy decided for
+// one sequence, which the manager acts on: the blocks every layer and
+// head has evicted (their pages may return to the pool) and the first
+// position whose K/V were computed over an evicted history (blocks from
+// there stay out of the prefix cache).
+type KVReport struct {
+	Seq int32
+	// Sealed is that position, or -1 for none.
+	Sealed int32
+	// Dead holds [From, To) pairs of logical blocks, ascending.
+	Dead []int32
 }
 
 // AttnParams describes the attention of one layer.
