@@ -116,7 +116,7 @@ func followRun(t *testing.T, m *model.Model, kc kvcache.Config, bound kvcache.Po
 		drafted := map[int32]bool{}
 		for _, id := range live {
 			n := min(len(toks[id])-done[id], 12) // chunked prefill
-			if step%5 == 3 && n == 1 {          // a draft token rides along, to be rejected
+			if step%5 == 3 && n == 1 {           // a draft token rides along, to be rejected
 				toks[id] = append(toks[id], 5)
 				drafted[id], n = true, 2
 			}

@@ -26,7 +26,7 @@ type Storage struct {
 	ops    *kernels.Ops
 	rope   *Rotary
 
-	step    step // the batch Begin prepared
+	step step // the batch Begin prepared
 	// written counts, per page, the steps and copies that wrote into it:
 	// what a page's derived data (Quest's key bounds) is stamped with,
 	// on whichever side of a process boundary the storage is.
