@@ -217,8 +217,8 @@ func TestConnectRefusals(t *testing.T) {
 		t.Fatalf("after a closed group: %v", err)
 	}
 	g.Close()
-	o.KV.Policy = kvcache.FullPolicy{}
-	if _, err := Connect(good, o); err == nil || !strings.Contains(err.Error(), "KV policy") {
-		t.Errorf("a KV policy across workers: %v", err)
+	o.KV.Policy = kvcache.StreamingPolicy{Sinks: 4, Window: 8}
+	if _, err := Connect(good, o); err == nil || !strings.Contains(err.Error(), "moves positions") {
+		t.Errorf("a KV policy that moves positions across workers: %v", err)
 	}
 }

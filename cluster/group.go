@@ -101,7 +101,15 @@ func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 			return executor.StepOutput{}, err
 		}
 	}
-	return g.outs[0], nil
+	out := g.outs[0]
+	if len(out.KV) > 0 { // each rank's policies saw its own KV heads
+		parts := make([][]model.KVReport, len(g.outs))
+		for r := range g.outs {
+			parts[r] = g.outs[r].KV
+		}
+		out.KV = executor.MergeReports(parts)
+	}
+	return out, nil
 }
 
 // newSession names a new group's lifetime (see hello.Session).

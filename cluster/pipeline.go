@@ -209,6 +209,15 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 			res.TopIDs = append(res.TopIDs, outs[last][j].TopIDs...)
 		}
 	}
+	if in.KV != nil { // each stage's policies saw its own layers
+		parts := make([][]model.KVReport, len(outs))
+		for s := range outs {
+			for _, o := range outs[s] {
+				parts[s] = append(parts[s], o.KV...)
+			}
+		}
+		res.KV = executor.MergeReports(parts)
+	}
 	p.mu.Lock()
 	p.stats.Steps++
 	p.stats.MicroBatches += len(mbs)

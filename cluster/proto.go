@@ -95,6 +95,9 @@ type kvSpec struct {
 	VFormat   string        `json:"v_format,omitempty"`
 	Window    int           `json:"window,omitempty"`
 	Groups    []kvGroupSpec `json:"groups,omitempty"`
+	// Policy is the cache's default policy (kvcache.ParsePolicy's form);
+	// the workers' storage runs the stateful ones (kvcache.Follower).
+	Policy string `json:"policy,omitempty"`
 }
 
 // kvGroupSpec is one layer group of the manager's configuration.
@@ -106,20 +109,21 @@ type kvGroupSpec struct {
 	VFormat string `json:"v_format,omitempty"`
 }
 
-// specOf is the part of the manager's configuration the workers need. A
-// policy other than the plain one (or a sliding window) lives in the
-// manager and the storage together; the split storage does not carry one
-// yet. Layer groups split by layers (pipeline stages), not by heads.
+// specOf is the part of the manager's configuration the workers need,
+// the default policy included: the stateful ones (H2O, SnapKV, Quest)
+// keep their state with the workers' storage, told by the plans' notes.
+// Layer groups split by layers (pipeline stages), not by heads.
 func specOf(c kvcache.Config, what string, groups bool) (*kvSpec, error) {
-	if c.Policy != nil {
-		if _, ok := c.Policy.(kvcache.WindowPolicy); !ok || c.Window == 0 {
-			return nil, fmt.Errorf("%s: the KV policy %s is not supported across workers yet", what, c.Policy)
-		}
+	if _, ok := c.Policy.(kvcache.QueryShifter); ok {
+		return nil, fmt.Errorf("%s: the KV policy %s moves positions, which the workers' storage cannot re-rotate yet", what, c.Policy)
 	}
 	if len(c.Groups) > 0 && !groups {
 		return nil, fmt.Errorf("%s: KV cache groups (latent or per-layer formats) are not supported across workers yet", what)
 	}
 	s := &kvSpec{BlockSize: c.BlockSize, NumBlocks: c.NumBlocks, DType: c.DType.String(), Window: c.Window}
+	if c.Policy != nil {
+		s.Policy = kvcache.PolicyName(c.Policy)
+	}
 	if c.KFormat != nil {
 		s.KFormat = c.KFormat.String()
 	}
@@ -153,7 +157,12 @@ func (s *kvSpec) config(c *model.Config, st model.Stage) (kvcache.Config, error)
 		return kvcache.Config{}, err
 	}
 	nkv, hd, _ := c.KVShape()
-	kc := kvcache.Config{NLayer: st.Hi - st.Lo, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window}
+	kc := kvcache.Config{NLayer: st.Hi - st.Lo, NKVHead: nkv, HeadDim: hd, BlockSize: s.BlockSize, NumBlocks: s.NumBlocks, DType: dt, Window: s.Window, FirstLayer: st.Lo}
+	if s.Policy != "" {
+		if kc.Policy, err = kvcache.ParsePolicy(s.Policy); err != nil {
+			return kvcache.Config{}, err
+		}
+	}
 	if kc.KFormat, err = parseFormat(s.KFormat); err != nil {
 		return kvcache.Config{}, err
 	}

@@ -26,7 +26,7 @@ import (
 // stageRank is one session's state on a stage worker.
 type stageRank struct {
 	m          *model.Model
-	kv         *kvcache.Storage
+	kv         *kvcache.Follower
 	prev, next net.Conn // nil on the first / the last stage
 	pr         *bufio.Reader
 	nw         *bufio.Writer
@@ -80,7 +80,7 @@ func (s *stageRank) Execute(in *executor.StepInput) (executor.StepOutput, error)
 		if err != nil {
 			return executor.StepOutput{}, err
 		}
-		res := executor.StepOutput{Logits: out, Busy: busy}
+		res := executor.StepOutput{Logits: out, Busy: busy, KV: s.kv.Reports()}
 		if in.TopK > 0 {
 			// Only the last stage has logits: it ships each row's top k.
 			res.TopIDs, res.Logits, err = executor.TopK(out, in.Rows(), in.TopK, nil, nil)
@@ -93,7 +93,7 @@ func (s *stageRank) Execute(in *executor.StepInput) (executor.StepOutput, error)
 	if err != nil {
 		return executor.StepOutput{}, err
 	}
-	return executor.StepOutput{Busy: busy}, nil
+	return executor.StepOutput{Busy: busy, KV: s.kv.Reports()}, nil
 }
 
 // send writes the hidden states, or the step's error, to the next stage.
@@ -166,7 +166,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	kc, err := h.KV.config(&s.m.Config, o.Stage)
 	if err == nil {
 		kc.Ops = s.m.Ops()
-		s.kv, err = kvcache.NewStorage(kc)
+		s.kv, err = kvcache.NewFollower(kc)
 	}
 	if err != nil {
 		return fail(fmt.Errorf("KV storage: %w", err))

@@ -227,7 +227,7 @@ func (w *Worker) release() { <-w.slot }
 // rank is one session's state: the shard, its KV storage, the mesh.
 type rank struct {
 	m      *model.Model
-	kv     *kvcache.Storage
+	kv     *kvcache.Follower
 	mesh   *Mesh
 	local  *executor.Local
 	logits bool
@@ -263,7 +263,7 @@ func (r *rank) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 		return executor.StepOutput{}, err
 	}
 	if !r.logits {
-		return executor.StepOutput{}, nil
+		return executor.StepOutput{KV: out.KV}, nil
 	}
 	return out, nil
 }
@@ -316,9 +316,9 @@ func (w *Worker) join(h *hello) (*rank, error) {
 	if err == nil {
 		kc.Ops = m.Ops()
 	}
-	var kv *kvcache.Storage
+	var kv *kvcache.Follower
 	if err == nil {
-		kv, err = kvcache.NewStorage(kc)
+		kv, err = kvcache.NewFollower(kc)
 	}
 	if err != nil {
 		m.Close()

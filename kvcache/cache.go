@@ -89,6 +89,10 @@ type Config struct {
 	// prefix cache (events.go); the cache's owner flushes it each step.
 	// A log serves one cache.
 	Events *EventLog
+	// FirstLayer is the model's layer index of this storage's layer 0:
+	// a pipeline stage holds layers from there, and a policy that treats
+	// layers by index (Quest's dense leading layers) counts the model's.
+	FirstLayer int
 }
 
 // BlockBytes is the storage of one block over all layers, K and V.

@@ -76,7 +76,7 @@ func (p *QuestPolicy) attach(c *Cache, gi int) (Policy, error) {
 	g := &c.groups[gi]
 	st := &questState{c: c, group: gi, layer: map[int]int{}, nkv: g.NKVHead, kd: g.KDim, seqs: map[int32]*questSeq{}, gen: make([]uint32, c.cfg.NumBlocks)}
 	for _, l := range g.Layers {
-		if l >= p.Dense { // dense layers select nothing: no bounds
+		if l+c.cfg.FirstLayer >= p.Dense { // dense layers select nothing: no bounds
 			st.layer[l] = len(st.bounds)
 			// Sized like the pages (a block's bounds per KV head), so
 			// kept beside them, off the heap.
@@ -212,7 +212,7 @@ func (p *QuestPolicy) Select(layer int, seq int32, pos, kvHead int, q []float32,
 		total += s.To - s.From
 	}
 	cur := pos / bs
-	if layer < p.Dense || total <= p.Budget+pos%bs+1 {
+	if layer+c.cfg.FirstLayer < p.Dense || total <= p.Budget+pos%bs+1 {
 		return append(dst, spans...)
 	}
 	ss := c.stepSeq(seq)
