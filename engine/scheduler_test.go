@@ -445,7 +445,22 @@ func TestSchedulerManagerNoStorage(t *testing.T) {
 	if u := kv.Usage(); u.Used != 0 || u.Seqs != 0 {
 		t.Fatalf("blocks leaked: %+v", u)
 	}
-	if _, err := kvcache.NewManager(kvcache.Config{NLayer: 1, NKVHead: 1, HeadDim: 8, NumBlocks: 4, Policy: kvcache.NewQuest(16, 0)}); err == nil {
-		t.Fatal("a manager without storage took Quest, which reads the stored keys")
+	// Quest reads the stored keys: a manager without storage keeps no
+	// state for it and tells the storage's side of each commit instead,
+	// with the block table its bounds are computed over.
+	qm, err := kvcache.NewManager(kvcache.Config{NLayer: 1, NKVHead: 1, HeadDim: 8, BlockSize: 4, NumBlocks: 4, Policy: kvcache.NewQuest(16, 0)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := []int32{1, 2, 3, 4, 5}
+	if !qm.Allocate(7, nil, 0, 5) {
+		t.Fatal("no room")
+	}
+	qm.Commit(7, toks, 5, 0)
+	if err := qm.Plan([]int32{5}, []int32{7}, nil, &plan); err != nil {
+		t.Fatal(err)
+	}
+	if len(plan.Notes) != 1 || plan.Notes[0].Op != model.NoteCommit || plan.Notes[0].N != 5 || !slices.Equal(plan.Notes[0].Table, qm.Table(7)) {
+		t.Fatalf("notes %+v after a commit of 5 tokens with table %v", plan.Notes, qm.Table(7))
 	}
 }
