@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -82,7 +84,13 @@ func (w *Worker) handle(c net.Conn) {
 	c.SetDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := readMsg(c, &h); err != nil {
-		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "err", err)
+		level := slog.LevelWarn
+		if err == io.EOF {
+			// Closed before a byte: a TCP health check (a Kubernetes
+			// tcpSocket probe), every few seconds; not worth a line.
+			level = slog.LevelDebug
+		}
+		w.Log.Log(context.Background(), level, "dropping a connection", "from", c.RemoteAddr(), "err", err)
 		c.Close()
 		return
 	}
