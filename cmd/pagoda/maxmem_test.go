@@ -67,6 +67,11 @@ func TestMaxMemoryRun(t *testing.T) {
 			t.Errorf("run %s --max-memory %s: exit %d, printed\n%s\nwant\n%s\n%s", split[0], capFlag, code, got, want, stderr)
 		}
 	}
+	// bench in one process counts the weights (its KV is sized per test).
+	code, _, stderr = pagoda(t, "bench", "-m", path, "-p", "8", "-n", "0", "-r", "1", "-bw", "0", "--max-memory", capFlag)
+	if code == 0 || !strings.Contains(stderr, fmt.Sprintf("needs %d bytes", weights)) {
+		t.Errorf("bench --max-memory %s: exit %d, %s", capFlag, code, stderr)
+	}
 	// The cap reaches the spawned workers: one that fits the coordinator's
 	// own shard but not a worker's shard plus its KV storage.
 	code, _, stderr = pagoda(t, "serve", "-m", path, "--port", "0", "--threads", "2", "--kv-cache-memory", "2MiB",
