@@ -95,6 +95,13 @@ func TestMaxMemoryServe(t *testing.T) {
 	if code == 0 || !strings.Contains(stderr, fmt.Sprintf("cap of %d bytes", capBytes)) || !strings.Contains(stderr, "--tensor-parallel 2") {
 		t.Fatalf("serve --max-memory %s in one process: exit %d, %s", capFlag, code, stderr)
 	}
+	// Without --kv-cache-memory, the default KV budget is sized from what
+	// the cap leaves beside the weights (5 MiB − 3.5 MiB), not from the
+	// machine.
+	room := startProc(t, regexp.MustCompile(`capped at 25% of the (\S+ \S+) available`), "serve", "-m", path, "--port", "0", "--threads", "1", "--max-memory", "5MiB")
+	if room != "1.5 MiB" {
+		t.Errorf("serve --max-memory 5MiB sized its KV cache from %s, want the 1.5 MiB the cap leaves", room)
+	}
 	single := startProc(t, servingRe, common...)
 	listen := regexp.MustCompile(regexp.QuoteMeta(cluster.ListenLine) + `(\S+)`)
 	w0 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1", "--max-memory", capFlag)
