@@ -46,20 +46,26 @@ func (w *Weights) weightBytes() int64 {
 // Options.MaxMemory counts them.
 func (m *Model) WeightBytes() int64 { return m.W.weightBytes() }
 
-// checkCap applies o.MaxMemory to a model whose weights are bound (file
-// mappings, nothing read yet) but not repacked: the point where refusing
-// costs nothing. c is the model's local configuration (its heads under
-// tensor parallelism), st its layers.
-func checkCap(o Options, c *Config, st Stage, w *Weights) error {
+// capCheck is bind's check of o.MaxMemory (nil without one), given the
+// bytes of the weight matrices this model will hold: called once the
+// weights are bound to the file and before anything is copied, read or
+// repacked, the point where refusing costs nothing. The reserve is asked
+// of the model's local configuration (its heads under tensor
+// parallelism) and its layers.
+func capCheck(o Options, c *Config, tp tpRank, st Stage) func(int64) error {
 	if o.MaxMemory <= 0 {
 		return nil
 	}
-	var reserve int64
-	if o.Reserve != nil {
-		var err error
-		if reserve, err = o.Reserve(c, st); err != nil {
-			return err
+	return func(weights int64) error {
+		var reserve int64
+		if o.Reserve != nil {
+			local := *c
+			local.localize(tp)
+			var err error
+			if reserve, err = o.Reserve(&local, st); err != nil {
+				return err
+			}
 		}
+		return CheckMemory(o.MaxMemory, weights, reserve)
 	}
-	return CheckMemory(o.MaxMemory, w.weightBytes(), reserve)
 }

@@ -86,3 +86,39 @@ func TestMaxMemory(t *testing.T) {
 		t.Errorf("failing Reserve: %v", err)
 	}
 }
+
+// TestMaxMemoryShardBytes: the bytes a tensor-parallel rank is checked
+// for, counted before its shards are cut (and copied), are the bytes its
+// shards hold after: a cap of exactly them loads, one byte less is
+// refused naming them. Q8_0 (row splits cut whole blocks) and F32, GQA
+// and MQA (a KV head replicated on both ranks), two and four ranks.
+func TestMaxMemoryShardBytes(t *testing.T) {
+	dir := testutil.Shared(t, "golden/models")
+	for _, c := range []struct {
+		file  string
+		ranks int
+	}{{"g-llama-gqa.Q8_0.gguf", 2}, {"g-llama-gqa.F32.gguf", 4}, {"g-llama-mqa.Q8_0.gguf", 2}} {
+		path := filepath.Join(dir, c.file)
+		for r := 0; r < c.ranks; r++ {
+			o := Options{Threads: 1, Rank: r, Ranks: c.ranks, Group: NewLocalGroup(c.ranks)}
+			m, err := Open(path, o)
+			if err != nil {
+				t.Fatalf("%s rank %d/%d: %v", c.file, r, c.ranks, err)
+			}
+			held := m.WeightBytes()
+			m.Close()
+			o.MaxMemory = held - 1
+			_, err = Open(path, o)
+			var me *MemoryError
+			if !errors.As(err, &me) || me.Weights != held {
+				t.Errorf("%s rank %d/%d holds %d bytes; under a cap of %d: %v", c.file, r, c.ranks, held, held-1, err)
+			}
+			o.MaxMemory = held
+			if m, err := Open(path, o); err != nil {
+				t.Errorf("%s rank %d/%d under a cap of its %d bytes: %v", c.file, r, c.ranks, held, err)
+			} else {
+				m.Close()
+			}
+		}
+	}
+}

@@ -66,16 +66,13 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := bind(src, c, tp, st)
+	w, err := bind(src, c, tp, st, capCheck(o, c, tp, st))
 	if err != nil {
 		return nil, err
 	}
 	w.linears(c, tp)
 	m := &Model{Config: *c, W: w, freqs: c.Freqs(), attn: attn, ffns: ffns, ops: kernels.Best(), tp: tp, stage: st}
 	m.Config.localize(tp)
-	if err := checkCap(o, &m.Config, st, w); err != nil {
-		return nil, err
-	}
 	if c.NExpert > 0 {
 		m.experts = make([]atomic.Uint64, c.NLayer*c.NExpert)
 	}
