@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"pagoda/quant"
+	"pagoda/synth"
 	"pagoda/testutil"
 )
 
@@ -120,5 +122,36 @@ func TestMaxMemoryShardBytes(t *testing.T) {
 				m.Close()
 			}
 		}
+	}
+}
+
+// TestMaxMemoryCombinedMLA: an older deepseek2 file's combined attn_kv_b,
+// rebuilt as per-head F32 matrices at load, is counted at their size
+// before they are built.
+func TestMaxMemoryCombinedMLA(t *testing.T) {
+	sh := synth.Shape{Arch: "deepseek2", Layers: 2, Dim: 64, Heads: 4, KVHeads: 2, FFN: 96, Vocab: 300, Context: 64,
+		Experts: 4, ExpertsUsed: 2, ExpertFFN: 32, DenseLead: 1, KVLoRA: 32, QKNope: 16, QKRope: 8, VHead: 16, MLACombined: true}
+	path := filepath.Join(t.TempDir(), "mla.gguf")
+	if err := synth.Write(path, synth.Options{Shape: sh, Type: quant.Q8_0, Std: 0.1}); err != nil {
+		t.Fatal(err)
+	}
+	m, err := Open(path, Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	held := m.WeightBytes()
+	if len(m.W.Layers[0].KB) == 0 {
+		t.Fatal("the file's attn_kv_b was not split at load")
+	}
+	m.Close()
+	_, err = Open(path, Options{Threads: 1, MaxMemory: held - 1})
+	var me *MemoryError
+	if !errors.As(err, &me) || me.Weights != held {
+		t.Errorf("holds %d bytes; under a cap of %d: %v", held, held-1, err)
+	}
+	if m, err := Open(path, Options{Threads: 1, MaxMemory: held}); err != nil {
+		t.Errorf("under a cap of its %d bytes: %v", held, err)
+	} else {
+		m.Close()
 	}
 }

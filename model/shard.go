@@ -135,10 +135,18 @@ type boundSlot struct {
 }
 
 // shardBytes is what the weight matrices of w will hold once the bound
-// tensors are cut to this rank's shards: a split axis cut to [Lo, Hi)
-// keeps that share of the bytes (shards are whole quantization blocks).
+// tensors are cut to this rank's shards (a split axis cut to [Lo, Hi)
+// keeps that share of the bytes: shards are whole quantization blocks)
+// and the combined MLA projections split.
 func shardBytes(w *Weights, bound []boundSlot, tp tpRank) int64 {
 	n := w.weightBytes()
+	for _, l := range w.Layers {
+		if l.KVB != nil {
+			// An older file's combined MLA attn_kv_b becomes per-head
+			// F32 KB and VB (splitKVB), its every value 4 bytes.
+			n += int64(l.KVB.Rows) * int64(l.KVB.Cols) * 4
+		}
+	}
 	if tp.ranks <= 1 {
 		return n
 	}
