@@ -190,6 +190,15 @@ func (s *kvSpec) config(c *model.Config, st model.Stage) (kvcache.Config, error)
 	return kc, nil
 }
 
+// bytes is the KV storage config allocates for the shard c (Options.Reserve).
+func (s *kvSpec) bytes(c *model.Config, st model.Stage) (int64, error) {
+	kc, err := s.config(c, st)
+	if err != nil {
+		return 0, fmt.Errorf("KV storage: %w", err)
+	}
+	return int64(kc.NumBlocks) * kc.BlockBytes(), nil
+}
+
 // parseFormat is kvcache.ParseFormat, with "" for none.
 func parseFormat(s string) (kvcache.Format, error) {
 	if s == "" {

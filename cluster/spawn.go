@@ -25,12 +25,13 @@ type Spawned struct {
 }
 
 // Spawn starts n workers of model as child processes (bin worker
-// --listen 127.0.0.1:0 ...), each with threads threads, and waits for
-// their addresses. Their standard error goes to logw.
-func Spawn(bin, model string, n, threads int, logw io.Writer) (*Spawned, error) {
+// --listen 127.0.0.1:0 ... extra...), each with threads threads, and
+// waits for their addresses. Their standard error goes to logw.
+func Spawn(bin, model string, n, threads int, logw io.Writer, extra ...string) (*Spawned, error) {
 	s := &Spawned{}
 	for i := 0; i < n; i++ {
-		c := exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "-m", model, "--threads", strconv.Itoa(threads), "--quiet")
+		args := append([]string{"worker", "--listen", "127.0.0.1:0", "-m", model, "--threads", strconv.Itoa(threads), "--quiet"}, extra...)
+		c := exec.Command(bin, args...)
 		c.Stderr = logw
 		// Its own process group, so a signal to the coordinator's
 		// terminal does not reach the workers before the coordinator has

@@ -139,6 +139,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	}
 	o := w.Options
 	o.Stage = model.Stage{Lo: h.Layers[0], Hi: h.Layers[1]}
+	o.Reserve = h.KV.bytes
 	if h.Threads > 0 {
 		o.Threads = h.Threads
 	}
@@ -158,7 +159,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 		return nil, err
 	}
 	if s.m, err = model.Open(w.Model, o); err != nil {
-		return fail(err)
+		return fail(capHint(err))
 	}
 	if err := h.Model.diff(shapeOf(&s.m.Config)); err != nil {
 		return fail(err)

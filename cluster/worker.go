@@ -2,8 +2,10 @@ package cluster
 
 import (
 	"bufio"
+	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
@@ -82,7 +84,13 @@ func (w *Worker) handle(c net.Conn) {
 	c.SetDeadline(time.Now().Add(helloTimeout))
 	var h hello
 	if err := readMsg(c, &h); err != nil {
-		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "err", err)
+		level := slog.LevelWarn
+		if err == io.EOF {
+			// Closed before a byte: a TCP health check (a Kubernetes
+			// tcpSocket probe), every few seconds; not worth a line.
+			level = slog.LevelDebug
+		}
+		w.Log.Log(context.Background(), level, "dropping a connection", "from", c.RemoteAddr(), "err", err)
 		c.Close()
 		return
 	}
@@ -296,6 +304,7 @@ func (w *Worker) join(h *hello) (*rank, error) {
 	mesh.also = &w.sent
 	o := w.Options
 	o.Rank, o.Ranks, o.Group = h.Rank, h.Ranks, mesh
+	o.Reserve = h.KV.bytes
 	if h.Threads > 0 {
 		o.Threads = h.Threads
 	}
@@ -305,7 +314,7 @@ func (w *Worker) join(h *hello) (*rank, error) {
 	m, err := model.Open(w.Model, o)
 	if err != nil {
 		mesh.Close()
-		return nil, err
+		return nil, capHint(err)
 	}
 	if err := h.Model.diff(shapeOf(&m.Config)); err != nil {
 		m.Close()
@@ -326,6 +335,15 @@ func (w *Worker) join(h *hello) (*rank, error) {
 		return nil, fmt.Errorf("KV storage: %w", err)
 	}
 	return &rank{m: m, kv: kv, mesh: mesh, local: executor.NewLocal(m, kv), logits: h.Logits}, nil
+}
+
+// capHint adds the fix to a shard refused by this worker's --max-memory.
+func capHint(err error) error {
+	var me *model.MemoryError
+	if errors.As(err, &me) {
+		return fmt.Errorf("%w (this worker's --max-memory); split the model across more workers (a larger --tensor-parallel or --pipeline-parallel), give this worker more memory, or a smaller --kv-cache-memory to the coordinator", err)
+	}
+	return err
 }
 
 // connect makes the mesh: this rank dials every lower rank and takes the

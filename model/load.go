@@ -50,6 +50,15 @@ type Options struct {
 	// last — and runs them with ForwardStage; its KV cache holds only
 	// those layers.
 	Stage Stage
+	// MaxMemory, when positive, caps what this process binds for the
+	// model: its weight matrices (its shard or stage only) plus Reserve.
+	// A model over it is refused with a *MemoryError once the weights are
+	// bound to the file and before any is read or repacked.
+	MaxMemory int64
+	// Reserve, with MaxMemory, is what the caller will allocate beside the
+	// weights (the KV storage), from the model's local configuration (its
+	// heads under tensor parallelism) and its layers.
+	Reserve func(c *Config, st Stage) (int64, error)
 }
 
 // Open loads a model from a GGUF file, a llama2.c checkpoint (.bin) or a

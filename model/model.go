@@ -66,7 +66,7 @@ func newModel(c *Config, src source, o Options) (*Model, error) {
 	if err != nil {
 		return nil, err
 	}
-	w, err := bind(src, c, tp, st)
+	w, err := bind(src, c, tp, st, capCheck(o, c, tp, st))
 	if err != nil {
 		return nil, err
 	}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"pagoda/arch"
+	"pagoda/kernels"
 )
 
 // tpRank is which rank of how many tensor-parallel ranks a model is; the
@@ -90,21 +91,11 @@ func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
 		if t.Split != arch.Column {
 			return fmt.Errorf("tensor %q: a vector cannot take a %v split", t.Name, t.Split)
 		}
-		sh := shardOf(t.Split, len(*s.vec), tp.rank, tp.ranks)
-		if tp.kv != nil && kvRole(t.Role) {
-			sh = *tp.kv
-		}
+		sh := tp.rangeOf(t, len(*s.vec))
 		*s.vec = (*s.vec)[sh.Lo:sh.Hi:sh.Hi]
 	case s.mat != nil && *s.mat != nil:
 		m := *s.mat
-		full := m.Rows
-		if t.Split == arch.Row {
-			full = m.Cols
-		}
-		sh := shardOf(t.Split, full, tp.rank, tp.ranks)
-		if tp.kv != nil && kvRole(t.Role) {
-			sh = *tp.kv
-		}
+		sh := tp.rangeOf(t, splitLen(t, m))
 		sm, err := shardMatrix(t.Name, m, sh)
 		if err != nil {
 			return err
@@ -117,6 +108,59 @@ func shardSlot(src source, t arch.Named, s slot, tp tpRank) error {
 		return fmt.Errorf("tensor %q: a stack cannot take a %v split", t.Name, t.Split)
 	}
 	return nil
+}
+
+// rangeOf is this rank's part of a tensor whose split axis is full long:
+// its even share, or for a KV projection the KV heads it holds.
+func (tp tpRank) rangeOf(t arch.Named, full int) Shard {
+	if tp.kv != nil && kvRole(t.Role) {
+		return *tp.kv
+	}
+	return shardOf(t.Split, full, tp.rank, tp.ranks)
+}
+
+// splitLen is the length of m's axis that t's split cuts: its rows
+// (output features, vocabulary) or, for a row-parallel split, its columns.
+func splitLen(t arch.Named, m *kernels.Matrix) int {
+	if t.Split == arch.Row {
+		return m.Cols
+	}
+	return m.Rows
+}
+
+// boundSlot is a tensor bound to the file, not yet cut to a rank's shard.
+type boundSlot struct {
+	t arch.Named
+	s slot
+}
+
+// shardBytes is what the weight matrices of w will hold once the bound
+// tensors are cut to this rank's shards (a split axis cut to [Lo, Hi)
+// keeps that share of the bytes: shards are whole quantization blocks)
+// and the combined MLA projections split.
+func shardBytes(w *Weights, bound []boundSlot, tp tpRank) int64 {
+	n := w.weightBytes()
+	for _, l := range w.Layers {
+		if l.KVB != nil {
+			// An older file's combined MLA attn_kv_b becomes per-head
+			// F32 KB and VB (splitKVB), its every value 4 bytes.
+			n += int64(l.KVB.Rows) * int64(l.KVB.Cols) * 4
+		}
+	}
+	if tp.ranks <= 1 {
+		return n
+	}
+	for _, b := range bound {
+		if b.s.mat == nil || *b.s.mat == nil || b.t.Split == arch.Replicated {
+			continue
+		}
+		m := *b.s.mat
+		full := splitLen(b.t, m)
+		sh := tp.rangeOf(b.t, full)
+		all := int64(len(m.Data))
+		n += all*int64(sh.Hi-sh.Lo)/int64(full) - all
+	}
+	return n
 }
 
 // linears gives every dense layer its Linear projections over the bound

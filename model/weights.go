@@ -200,13 +200,14 @@ func (w *Weights) slot(l *Layer, r arch.Role) (slot, bool) {
 
 // bind looks up every tensor the architecture declares for this config,
 // checks its shape and type, and wraps it without copying.
-func bind(src source, c *Config, tp tpRank, st Stage) (*Weights, error) {
+func bind(src source, c *Config, tp tpRank, st Stage, check func(weights int64) error) (*Weights, error) {
 	a, err := lookupArch(c.Arch)
 	if err != nil {
 		return nil, err
 	}
 	d := c.dims()
 	w := &Weights{Layers: make([]Layer, c.NLayer)}
+	var bound []boundSlot
 	for _, t := range a.Tensors(d, c.NLayer) {
 		if !inStage(t, c, st) {
 			continue
@@ -222,8 +223,19 @@ func bind(src source, c *Config, tp tpRank, st Stage) (*Weights, error) {
 		if err := bindSlot(src, t, d, s); err != nil {
 			return nil, err
 		}
-		if tp.ranks > 1 {
-			if err := shardSlot(src, t, s, tp); err != nil {
+		bound = append(bound, boundSlot{t, s})
+	}
+	// Until here every weight is a view of the file; cutting a rank's
+	// shard copies the row-split matrices, so a cap is checked first, on
+	// the bytes the shards will have.
+	if check != nil {
+		if err := check(shardBytes(w, bound, tp)); err != nil {
+			return nil, err
+		}
+	}
+	if tp.ranks > 1 {
+		for _, b := range bound {
+			if err := shardSlot(src, b.t, b.s, tp); err != nil {
 				return nil, err
 			}
 		}

@@ -113,9 +113,9 @@ func runBench(args []string) error {
 		}
 		return printBench(rs, nil, *jsonOut)
 	}
-	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN+*depth, 0)})
+	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN+*depth, 0), MaxMemory: tpf.capBytes})
 	if err != nil {
-		return err
+		return tpf.capError(err, nil)
 	}
 	defer m.Close()
 	newCache, err := kvf.newCache(m)

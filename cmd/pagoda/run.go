@@ -109,9 +109,13 @@ func runRun(args []string) error {
 	if grp != nil && (*reference || *kvPolicy != "" || *kvf.all+*kvf.k+*kvf.v != "" || spf.method != "" || spf.draft != "") {
 		return fmt.Errorf("--tensor-parallel/--workers run the default KV cache without --reference, --kv-policy, --kv-dtype or speculation")
 	}
-	m, err := grp.openModel(path, model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen})
+	o := model.Options{Tokenizer: *tokPath, Threads: *threads, Reference: *reference, ContextLen: *ctxLen, MaxMemory: tpf.capBytes}
+	if grp == nil {
+		o.Reserve = flatCacheBytes
+	}
+	m, err := grp.openModel(path, o)
 	if err != nil {
-		return err
+		return tpf.capError(err, grp)
 	}
 	defer m.Close()
 	tok := m.Tokenizer()
@@ -195,6 +199,17 @@ func runRun(args []string) error {
 	}
 	r := &chatREPL{m: m, tok: tok, gen: gen, ct: ct, opts: opts, system: *system, json: *jsonOut, name: path, out: out}
 	return r.run(ctx, os.Stdin)
+}
+
+// flatCacheBytes is what run's one-sequence cache takes at most, for
+// --max-memory: f32 K and V of every layer over the whole context.
+func flatCacheBytes(c *model.Config, st model.Stage) (int64, error) {
+	nkv, kd, vd := c.KVShape()
+	n := int64(st.Hi-st.Lo) * int64(c.ContextLen) * int64(nkv*kd) * 4
+	if vd > 0 {
+		n *= 2
+	}
+	return n, nil
 }
 
 // chatTokens renders msgs with the chat template and tokenizes them, the

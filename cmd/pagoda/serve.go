@@ -229,9 +229,10 @@ func runServe(args []string) error {
 		return err
 	}
 	defer grp.close()
-	m, err := grp.openModel(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen})
+	m, err := grp.openModel(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen,
+		MaxMemory: tpf.capBytes, Reserve: kvReserve(grp, budget)})
 	if err != nil {
-		return err
+		return tpf.capError(err, grp)
 	}
 	defer m.Close()
 	tok := m.Tokenizer()
@@ -300,7 +301,7 @@ func runServe(args []string) error {
 	formats := fmt.Sprintf("K %v V %v", kfK, kfV)
 	var kvReport string
 	if budget == 0 {
-		z := kvSizing{BlockBytes: blockBytes, BlockSize: *blockSize, Context: c.ContextLen, Seqs: *kvSeqs, Avail: systemMemory(), Formats: formats}
+		z := kvSizing{BlockBytes: blockBytes, BlockSize: *blockSize, Context: c.ContextLen, Seqs: *kvSeqs, Avail: kvRoom(grp, tpf.capBytes, m), Formats: formats}
 		if vd != 0 {
 			z.Residual = kvcache.SizeOf(shape, kfK, kfV, *blockSize).ResidualPerSeq * int64(*maxSeqs)
 		}
@@ -309,6 +310,11 @@ func runServe(args []string) error {
 			return err
 		}
 		ecfg.KVBlocks, ecfg.KVBytes, kvReport = kb.Blocks, kb.Bytes, kb.Report
+	}
+	if grp == nil {
+		if err := model.CheckMemory(tpf.capBytes, m.WeightBytes(), ecfg.KVBytes); err != nil {
+			return tpf.capError(err, grp)
+		}
 	}
 	eng, err := engine.New(m, tok, ecfg)
 	if err != nil {
@@ -362,6 +368,32 @@ func runServe(args []string) error {
 	}
 	log.Printf("pagoda: stopped")
 	return err
+}
+
+// kvReserve is the KV storage a model opened in this process will take
+// beside its weights, for --max-memory: the budget given, when one was
+// (a sized default is checked once sized). A coordinator's KV storage
+// is on its workers.
+func kvReserve(grp *tp, budget int64) func(*model.Config, model.Stage) (int64, error) {
+	if grp != nil || budget <= 0 {
+		return nil
+	}
+	return func(*model.Config, model.Stage) (int64, error) { return budget, nil }
+}
+
+// kvRoom is the memory a default KV budget is sized from: what the
+// machine has, and under --max-memory no more than the cap leaves beside
+// the weights.
+func kvRoom(grp *tp, capBytes int64, m *model.Model) int64 {
+	avail := systemMemory()
+	if grp != nil || capBytes <= 0 {
+		return avail
+	}
+	room := max(capBytes-m.WeightBytes(), 1)
+	if avail <= 0 || room < avail {
+		return room
+	}
+	return avail
 }
 
 // parseKVFormat reads a --kv-dtype flag, s falling back to def when empty.

@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -30,8 +31,13 @@ func runWorker(args []string) error {
 	threads := fs.Int("threads", 0, "threads (0 = number of CPUs; the coordinator may set it per group)")
 	quiet := fs.Bool("quiet", false, "log only errors")
 	wire := fs.String("wire-dtype", "", "take only coordinators that send activations in this form: f32, f16 or bf16 (default: whatever the coordinator's --wire-dtype says)")
+	maxMem := fs.String("max-memory", "", maxMemoryHelp)
 	if err := fs.Parse(args); err != nil {
 		return err
+	}
+	capBytes, err := parseMaxMemory(*maxMem)
+	if err != nil {
+		return fmt.Errorf("worker: %w", err)
 	}
 	if *wire != "" {
 		if _, err := cluster.ParseWireDType(*wire); err != nil {
@@ -59,7 +65,7 @@ func runWorker(args []string) error {
 	if *quiet {
 		level = slog.LevelError
 	}
-	w := &cluster.Worker{Model: path, Options: model.Options{Tokenizer: *tokPath, Threads: *threads}, Wire: *wire,
+	w := &cluster.Worker{Model: path, Options: model.Options{Tokenizer: *tokPath, Threads: *threads, MaxMemory: capBytes}, Wire: *wire,
 		Log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))}
 	fmt.Printf("%s%s\n", cluster.ListenLine, ln.Addr())
 	os.Stdout.Sync()
@@ -74,6 +80,38 @@ type tpFlags struct {
 	minRows *int
 	workers *string
 	wire    *string
+	maxMem  *string
+	// capBytes is --max-memory parsed by start (0: no cap).
+	capBytes int64
+}
+
+const maxMemoryHelp = "most memory this process may bind for the model, e.g. 512MiB or 2GiB: the weights of its shard (all of them in one process) plus its KV storage; a model over it is refused before loading (default: no cap)"
+
+// parseMaxMemory reads --max-memory ("" is no cap).
+func parseMaxMemory(s string) (int64, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := parseBytes(s)
+	if err != nil || n < 1<<20 {
+		return 0, fmt.Errorf("--max-memory %q: want a size of at least 1MiB, e.g. 512MiB or 2GiB", s)
+	}
+	return n, nil
+}
+
+// capError adds the fix to a model refused by --max-memory: in one
+// process, split it across workers; a coordinator (grp), which binds a
+// rank's shard or the first stage, takes more of them.
+func (f *tpFlags) capError(err error, grp *tp) error {
+	var me *model.MemoryError
+	if !errors.As(err, &me) {
+		return err
+	}
+	if grp != nil {
+		return fmt.Errorf("--max-memory %s: the coordinator's own share of the model: %w; split it across more workers or raise --max-memory", *f.maxMem, err)
+	}
+	n := max(2, int((me.Need()+me.Cap-1)/me.Cap))
+	return fmt.Errorf("--max-memory %s: %w; split the model across worker processes, each binding about 1/%d of it: use --tensor-parallel %d or --pipeline-parallel %d (each worker gets the same --max-memory), or raise --max-memory", *f.maxMem, err, n, n, n)
 }
 
 func addTPFlags(fs *flag.FlagSet) *tpFlags {
@@ -82,6 +120,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		stages:  fs.Int("pipeline-parallel", 1, "pipeline stages: each worker process holds a contiguous range of the layers and their KV cache (M > 1 without --workers starts M local `pagoda worker` processes)"),
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
 		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
+		maxMem:  fs.String("max-memory", "", maxMemoryHelp+"; with workers started here, each worker's cap"),
 		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
 		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
@@ -107,6 +146,9 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	wire, err := cluster.ParseWireDType(*f.wire)
 	if err != nil {
 		return nil, fmt.Errorf("--wire-dtype: %w", err)
+	}
+	if f.capBytes, err = parseMaxMemory(*f.maxMem); err != nil {
+		return nil, err
 	}
 	t, err := f.start1(path, threads, log)
 	switch {
@@ -145,7 +187,7 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	case n == 1:
 		return nil, nil
 	}
-	s, per, err := spawn(path, n, threads, log)
+	s, per, err := spawn(path, n, threads, *f.maxMem, log)
 	if err != nil {
 		return nil, fmt.Errorf("--tensor-parallel %d: %w", n, err)
 	}
@@ -163,21 +205,26 @@ func (f *tpFlags) startPipeline(path string, addrs []string, threads int, log io
 		}
 		return &tp{addrs: addrs, threads: threads, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
 	}
-	s, per, err := spawn(path, m, threads, log)
+	s, per, err := spawn(path, m, threads, *f.maxMem, log)
 	if err != nil {
 		return nil, fmt.Errorf("--pipeline-parallel %d: %w", m, err)
 	}
 	return &tp{addrs: s.Addrs, spawned: s, threads: per, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
 }
 
-// spawn starts n local workers sharing this machine's cores.
-func spawn(path string, n, threads int, log io.Writer) (*cluster.Spawned, int, error) {
+// spawn starts n local workers sharing this machine's cores, each with
+// the --max-memory maxMem ("" for none).
+func spawn(path string, n, threads int, maxMem string, log io.Writer) (*cluster.Spawned, int, error) {
 	bin, err := os.Executable()
 	if err != nil {
 		return nil, 0, err
 	}
 	per := max(1, cmp.Or(threads, runtime.NumCPU())/n)
-	s, err := cluster.Spawn(bin, path, n, per, log)
+	var extra []string
+	if maxMem != "" {
+		extra = []string{"--max-memory", maxMem}
+	}
+	s, err := cluster.Spawn(bin, path, n, per, log, extra...)
 	return s, per, err
 }
 
