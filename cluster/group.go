@@ -66,7 +66,7 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	}
 	// Every rank must get its hello before any can finish joining the
 	// mesh: dialAll sends all first, then reads the replies.
-	conns, err := dialAll(addrs, hellos, o.Timeout, "tensor parallel: worker")
+	conns, err := dialAll(addrs, hellos, o.Timeout, func(r int) string { return fmt.Sprintf("tensor parallel: worker %d", r) })
 	if err != nil {
 		return nil, err
 	}
