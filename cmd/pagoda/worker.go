@@ -83,7 +83,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
 		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
 		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
-		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
+		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first; with both --tensor-parallel N and --pipeline-parallel M, N×M of them stage-major: stage 0's ranks 0…N-1, then stage 1's, … (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
 
@@ -95,11 +95,14 @@ type tp struct {
 	group    *cluster.Group
 	threads  int
 	pipeline bool
-	micro    int
-	minRows  int
-	wire     cluster.WireDType
-	pipe     *cluster.Pipeline
-	log      io.Writer
+	// tensor is the ranks of every pipeline stage (tensor × pipeline;
+	// 0 or 1: one worker per stage).
+	tensor  int
+	micro   int
+	minRows int
+	wire    cluster.WireDType
+	pipe    *cluster.Pipeline
+	log     io.Writer
 }
 
 // start resolves the flags: nil when serving in this process.
@@ -124,16 +127,18 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	addrs := splitList(*f.workers)
 	n, m := *f.ranks, *f.stages
 	switch {
-	case n > 1 && m > 1:
-		return nil, fmt.Errorf("--tensor-parallel %d with --pipeline-parallel %d: combining the two is not implemented", n, m)
+	case n > 1 && m > 1 && (n > 64 || n*m > 256):
+		return nil, fmt.Errorf("--tensor-parallel %d × --pipeline-parallel %d: %d workers (at most 256)", n, m, n*m)
 	case m < 1 || m > 64:
 		return nil, fmt.Errorf("--pipeline-parallel %d out of range [1, 64]", m)
 	case *f.micro < 0 || *f.micro > 1024:
 		return nil, fmt.Errorf("--pipeline-micro-batches %d out of range [0, 1024]", *f.micro)
 	case *f.minRows < 1 || *f.minRows > 1<<20:
 		return nil, fmt.Errorf("--pipeline-min-rows %d out of range [1, %d]", *f.minRows, 1<<20)
+	case n < 1:
+		return nil, fmt.Errorf("--tensor-parallel %d out of range [1, 64]", n)
 	case m > 1:
-		return f.startPipeline(path, addrs, threads, log)
+		return f.startPipeline(path, addrs, n, threads, log)
 	case len(addrs) == 1:
 		return nil, fmt.Errorf("--workers: one worker is no group; give at least two, or none to serve in this process")
 	case len(addrs) > 0 && n != 1 && n != len(addrs):
@@ -152,22 +157,33 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	return &tp{addrs: s.Addrs, spawned: s, threads: per}, nil
 }
 
-// startPipeline is start for --pipeline-parallel M: the workers given, or
-// M local ones.
-func (f *tpFlags) startPipeline(path string, addrs []string, threads int, log io.Writer) (*tp, error) {
+// startPipeline is start for --pipeline-parallel M, each stage of n
+// tensor-parallel ranks: the workers given (stage-major), or n×M local
+// ones.
+func (f *tpFlags) startPipeline(path string, addrs []string, n, threads int, log io.Writer) (*tp, error) {
 	m := *f.stages
 	micro := cmp.Or(*f.micro, m)
+	what := fmt.Sprintf("--pipeline-parallel %d", m)
+	if n > 1 {
+		what = fmt.Sprintf("--tensor-parallel %d × --pipeline-parallel %d", n, m)
+	}
+	t := &tp{threads: threads, pipeline: true, tensor: n, micro: micro, minRows: *f.minRows, log: log}
 	if len(addrs) > 0 {
-		if len(addrs) != m {
+		if len(addrs) != n*m {
+			if n > 1 {
+				return nil, fmt.Errorf("%s needs %d --workers, stage-major (stage 0's ranks first), but %d are given", what, n*m, len(addrs))
+			}
 			return nil, fmt.Errorf("--pipeline-parallel %d but %d --workers", m, len(addrs))
 		}
-		return &tp{addrs: addrs, threads: threads, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
+		t.addrs = addrs
+		return t, nil
 	}
-	s, per, err := spawn(path, m, threads, log)
+	s, per, err := spawn(path, n*m, threads, log)
 	if err != nil {
-		return nil, fmt.Errorf("--pipeline-parallel %d: %w", m, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return &tp{addrs: s.Addrs, spawned: s, threads: per, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
+	t.addrs, t.spawned, t.threads = s.Addrs, s, per
+	return t, nil
 }
 
 // spawn starts n local workers sharing this machine's cores.
@@ -189,7 +205,7 @@ func (t *tp) openModel(path string, o model.Options) (*model.Model, error) {
 		return openModel(path, o)
 	}
 	if t.pipeline {
-		return cluster.OpenStageShape(path, o)
+		return cluster.OpenGridShape(path, t.tensor, o)
 	}
 	return cluster.OpenShape(path, len(t.addrs), o)
 }
@@ -222,7 +238,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	if t.pipeline {
 		return func(kc kvcache.Config) (executor.Executor, error) {
 			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
-				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire})
+				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor})
 			if err != nil {
 				return nil, err
 			}
