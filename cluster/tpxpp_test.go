@@ -249,3 +249,79 @@ func TestTPxPPRefusals(t *testing.T) {
 		p.Close()
 	}
 }
+
+// TestTPxPPFailedStep: a step every rank of stage 0 fails (a token out of
+// range) fails on the coordinator within the test's minute, naming the
+// worker and the reason, and breaks the pipeline (the next step gets the
+// same error at once); the coordinator closing a worker's connection in
+// the middle of a pipeline fails the next step naming that worker, with
+// no wait on the stages' exchanges; the workers serve the next pipeline.
+func TestTPxPPFailedStep(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama3-ropefreqs.F32.gguf")
+	coord, err := OpenGridShape(path, 2, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	c := &coord.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 16}
+	o := PipelineOptions{Model: c, KV: kc, Threads: 1, Timeout: time.Minute, Tensor: 2, MicroBatches: 2}
+	addrs := startWorkers(t, path, 4)
+	step := func(p *Pipeline, toks []int32) error {
+		t.Helper()
+		mgr, err := kvcache.NewManager(kc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		in := &executor.StepInput{Tokens: toks, KV: new(model.KVPlan)}
+		for i := range toks {
+			in.Pos, in.Seq = append(in.Pos, int32(i)), append(in.Seq, 0)
+		}
+		if !mgr.Allocate(0, nil, 0, len(toks)) {
+			t.Fatal("no room")
+		}
+		if err := mgr.Plan(in.Pos, in.Seq, nil, in.KV); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		start := time.Now()
+		go func() { _, err := p.Execute(in); done <- err }()
+		select {
+		case err := <-done:
+			t.Logf("step %v: %v in %v", toks, err, time.Since(start).Round(time.Millisecond))
+			return err
+		case <-time.After(time.Minute):
+			t.Fatal("a step hung the pipeline")
+		}
+		return nil
+	}
+	p, err := ConnectPipeline(addrs, o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bad := []int32{1, int32(c.VocabSize), 3, 4}
+	if err := step(p, bad); err == nil || !strings.Contains(err.Error(), "pipeline parallel: stage 0 rank 0") || !strings.Contains(err.Error(), "out of range") {
+		t.Errorf("a token out of range: %v", err)
+	}
+	if err := step(p, []int32{1, 2, 3, 4}); err == nil || !strings.Contains(err.Error(), "out of range") {
+		t.Errorf("after a failed step: %v", err)
+	}
+	p.Close()
+	p, err = ConnectPipeline(addrs, o)
+	if err != nil {
+		t.Fatalf("the workers after a broken pipeline: %v", err)
+	}
+	if err := step(p, []int32{1, 2, 3, 4}); err != nil {
+		t.Fatal(err)
+	}
+	p.conns[1].Close() // stage 0 rank 1's link
+	if err := step(p, []int32{1, 2, 3, 4}); err == nil || !strings.Contains(err.Error(), "pipeline parallel: stage 0 rank 1") {
+		t.Errorf("a cut link: %v", err)
+	}
+	p.Close()
+	p, err = ConnectPipeline(addrs, o)
+	if err != nil {
+		t.Fatalf("the workers after a cut link: %v", err)
+	}
+	p.Close()
+}
