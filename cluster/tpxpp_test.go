@@ -325,3 +325,73 @@ func TestTPxPPFailedStep(t *testing.T) {
 	}
 	p.Close()
 }
+
+// TestTPxPPWire: TP=2 × PP=2 on stories260K with f16 and bf16 activations
+// on the wire (the stages' all-reduces and the hand-offs): against one
+// process under teacher forcing, the logits' max |Δ|, mean KL and top-1
+// agreement, bounded loosely (a measurement, like TestWireDTypeModels);
+// the workers' bytes against f32's.
+func TestTPxPPWire(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
+	prompt := []int32{1, 403, 407, 261, 378, 300, 2}
+	const n = 64
+	whole, err := model.Open(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	c := &whole.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: (len(prompt)+n)/16 + 2, DType: kvcache.F32}
+	local := kc
+	local.Ops = whole.Ops()
+	refKV, err := kvcache.New(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refKV.Close()
+	ref := drive(t, executor.NewLocal(whole, refKV), kc, prompt, n, nil, nil)
+	shard, err := OpenGridShape(path, 2, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shard.Close()
+	var f32Bytes int64
+	for _, d := range []WireDType{WireF32, WireF16, WireBF16} {
+		addrs, ws := startWorkersW(t, path, 4, "")
+		sent := func() (b int64) {
+			for _, w := range ws {
+				b += w.Sent()
+			}
+			return b
+		}
+		connect := func() *Pipeline {
+			p, err := ConnectPipeline(addrs, PipelineOptions{Model: &shard.Config, KV: kc, Threads: 1, Timeout: time.Minute, Tensor: 2, Wire: d})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return p
+		}
+		p := connect()
+		free := drive(t, p, kc, prompt, n, nil, sent)
+		p.Close()
+		p = connect()
+		forced := drive(t, p, kc, prompt, n, ref.tokens, nil)
+		p.Close()
+		maxAbs, kl, top1 := agreement(ref, forced)
+		diff := firstDiff(ref.tokens, free.tokens)
+		bytes := free.prefillBytes + free.decodeBytes
+		t.Logf("%s: %d greedy tokens identical: %v (first difference at %d); teacher-forced logits max |Δ| %.3g, mean KL %.3g, top-1 %.3f; workers sent %d bytes in the prefill, %.0f per decode step",
+			d, n, diff < 0, diff, maxAbs, kl, top1, free.prefillBytes, float64(free.decodeBytes)/float64(n-1))
+		switch {
+		case d == WireF32 && (diff >= 0 || maxAbs > 1e-4):
+			t.Errorf("f32: first difference at %d, logits max |Δ| %g", diff, maxAbs)
+		case maxAbs > 0.5 || top1 < 0.9:
+			t.Errorf("%s: logits max |Δ| %g, top-1 %.3f", d, maxAbs, top1)
+		}
+		if d == WireF32 {
+			f32Bytes = bytes
+		} else if r := float64(bytes) / float64(f32Bytes); r < 0.45 || r > 0.95 {
+			t.Errorf("%s: %d bytes against f32's %d (ratio %.3f)", d, bytes, f32Bytes, r)
+		}
+	}
+}
