@@ -1,7 +1,8 @@
 // Package cluster runs one model across worker processes: tensor
 // parallelism over TCP (Group, Mesh), and pipeline parallelism, each
 // worker a stage of contiguous layers handing its hidden states to the
-// next (Pipeline, stage.go). A worker (`pagoda worker`) loads its rank's shard
+// next (Pipeline, stage.go), and both together: stages that are each a
+// tensor-parallel group with its own mesh (PipelineOptions.Tensor). A worker (`pagoda worker`) loads its rank's shard
 // of the weights and owns its shard of the KV storage; the coordinator (the
 // engine inside `pagoda serve` or `run`) keeps the scheduler, the KV
 // manager and the sampler, and sends every step to all workers through the

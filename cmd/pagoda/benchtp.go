@@ -46,7 +46,7 @@ func benchGroup(grp *tp, path string, tests []speed.Test, reps, batch, ctx int) 
 	name := filepath.Base(path)
 	switch {
 	case grp.pipeline && grp.tensor > 1:
-		name += fmt.Sprintf(" tp%d×pp%d", grp.tensor, len(grp.addrs)/grp.tensor)
+		name += fmt.Sprintf(" tp%dxpp%d", grp.tensor, len(grp.addrs)/grp.tensor)
 	case grp.pipeline:
 		name += fmt.Sprintf(" pp%d", len(grp.addrs))
 	default:

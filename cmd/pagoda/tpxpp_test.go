@@ -215,7 +215,7 @@ func TestBenchTPxPP(t *testing.T) {
 	var tests []string
 	for _, r := range rs {
 		tests = append(tests, r.Test)
-		if !strings.HasSuffix(r.Model, " tp2×pp2") || r.Threads != 4 || len(r.Samples) != 2 || !(r.Mean > 0) {
+		if !strings.HasSuffix(r.Model, " tp2xpp2") || r.Threads != 4 || len(r.Samples) != 2 || !(r.Mean > 0) {
 			t.Errorf("bench: %+v", r)
 		}
 	}

@@ -19,7 +19,7 @@ import (
 )
 
 func init() {
-	register("worker", "serve one rank of a tensor-parallel group, or one pipeline stage, for a coordinator (serve --workers)", runWorker)
+	register("worker", "serve one rank of a tensor-parallel group, one pipeline stage, or one rank of a stage (tensor × pipeline), for a coordinator (serve --workers)", runWorker)
 }
 
 func runWorker(args []string) error {
