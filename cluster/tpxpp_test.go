@@ -59,6 +59,8 @@ var tpxppFiles = []string{
 	"g-qwen2.F32.gguf",                   // GQA 8:2, q/k/v biases
 	"g-qwen3.F32.gguf",                   // per-head q/k norm, tied head
 	"g-llama-mqa.F16.gguf",               // one KV head replicated, 3 layers: 2 + 1
+	"g-llama-mqa.Q8_0.gguf",              // quantized: each rank's activations quantize its own slice
+	"g-qwen3.Q8_0.gguf",
 }
 
 // TestTPxPPEngine: the models as 2 pipeline stages of 2 tensor-parallel
