@@ -28,7 +28,8 @@ import (
 type Pipeline struct {
 	links
 	remotes []*executor.Remote
-	tensor  int // ranks per stage
+	tensor  int           // ranks per stage
+	wait    time.Duration // for each answer (Timeouts.answer)
 	micro   int
 	minRows int
 	stats   PipelineStats // guarded by links.mu
@@ -66,6 +67,10 @@ type PipelineOptions struct {
 	// stage-major, stage s's rank r at s·Tensor + r, and Model is rank
 	// 0's shard (OpenGridShape).
 	Tensor int
+	// Exchange bounds each exchange between workers (a hand-off, a mesh
+	// message; 0: two minutes); the coordinator waits a little longer for
+	// each answer.
+	Exchange time.Duration
 }
 
 // PipelineStats is what the stages did since the pipeline connected.
@@ -143,14 +148,15 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 		for r := range tp {
 			h := hello{Kind: "stage", Session: session, Rank: s, Ranks: n, Peers: addrs, Threads: o.Threads,
 				Context: o.Context, Model: shapeOf(o.Model), KV: spec, Layers: &[2]int{st.Lo, st.Hi}, Wire: o.Wire.String(),
-				Logits: s == n-1 && r == 0}
+				Logits: s == n-1 && r == 0, ExchangeMS: o.Exchange.Milliseconds()}
 			if tp > 1 {
 				h.TPRank, h.TPRanks = r, tp
 			}
 			hellos[s*tp+r] = h
 		}
 	}
-	p := &Pipeline{links: links{closed: "pipeline parallel: the pipeline is closed"}, tensor: tp, micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
+	p := &Pipeline{links: links{closed: "pipeline parallel: the pipeline is closed"}, tensor: tp, wait: Timeouts{Exchange: o.Exchange}.answer(),
+		micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
 	conns, err := dialAll(addrs, hellos, o.Timeout, func(i int) string { return "pipeline parallel: " + p.name(i) })
 	if err != nil {
 		return nil, err
@@ -313,8 +319,9 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 		})
 		wg.Go(func() {
 			for j := range mbs {
-				p.conns[s].SetReadDeadline(time.Now().Add(opTimeout))
+				p.conns[s].SetReadDeadline(time.Now().Add(p.wait))
 				out, err := x.Receive()
+				err = stalled(err, p.wait)
 				var re *executor.RemoteError
 				switch {
 				case errors.As(err, &re):

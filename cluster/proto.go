@@ -48,6 +48,9 @@ type hello struct {
 	// hello's Rank is that index.
 	TPRank  int `json:"tp_rank,omitempty"`
 	TPRanks int `json:"tp_ranks,omitempty"`
+	// ExchangeMS is the workers' deadline for one exchange with another
+	// worker, in milliseconds (0: two minutes; Timeouts.Exchange).
+	ExchangeMS int64 `json:"exchange_timeout_ms,omitempty"`
 	// Wire is the form of activations between workers (f32, f16, bf16;
 	// "" is f32): the coordinator's choice, which a peer's hello repeats
 	// so that ranks told different forms do not join.

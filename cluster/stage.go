@@ -51,6 +51,9 @@ type stageRank struct {
 	// (the last stage's rank 0).
 	mesh   *Mesh
 	logits bool
+	// timeout bounds each read from the previous stage and write to the
+	// next (Timeouts.Exchange).
+	timeout time.Duration
 }
 
 func (s *stageRank) shape() *shape { return shapeOf(&s.m.Config) }
@@ -118,7 +121,7 @@ func (s *stageRank) receive() ([]float32, error) {
 	if s.prev == nil {
 		return nil, nil
 	}
-	s.prev.SetReadDeadline(time.Now().Add(opTimeout))
+	s.prev.SetReadDeadline(time.Now().Add(s.timeout))
 	var err error
 	if s.rbuf, err = executor.ReadFrame(s.pr, s.rbuf); err == nil {
 		err = s.wire.decodeHidden(s.rbuf, &s.in)
@@ -168,7 +171,7 @@ func (s *stageRank) send(hidden []float32, err error) error {
 		s.wbuf = s.wire.appendHidden(s.wbuf[:0], hidden)
 	}
 	s.sent.Add(int64(len(s.wbuf) + 4))
-	s.next.SetWriteDeadline(time.Now().Add(opTimeout))
+	s.next.SetWriteDeadline(time.Now().Add(s.timeout))
 	if werr := executor.WriteFrame(s.nw, s.wbuf); werr != nil {
 		return fmt.Errorf("to the next stage: %w", werr)
 	}
@@ -194,7 +197,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	case h.Session == "":
 		return nil, errors.New("hello without a session")
 	}
-	s := &stageRank{rowTime: w.stageRowTime, sent: &w.sent}
+	s := &stageRank{rowTime: w.stageRowTime, sent: &w.sent, timeout: timeoutsOf(h).exchange()}
 	var err error
 	if s.wire.d, err = ParseWireDType(h.Wire); err != nil {
 		return nil, err
@@ -207,6 +210,7 @@ func (w *Worker) joinStage(h *hello) (*stageRank, error) {
 	o.Stage = model.Stage{Lo: h.Layers[0], Hi: h.Layers[1]}
 	if tp > 1 {
 		s.mesh = NewMesh(h.TPRank, mesh)
+		s.mesh.timeout = s.timeout
 		s.mesh.SetWire(s.wire.d)
 		s.mesh.also = &w.sent
 		o.Rank, o.Ranks, o.Group = h.TPRank, tp, s.mesh

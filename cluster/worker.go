@@ -288,6 +288,7 @@ func (w *Worker) join(h *hello) (*rank, error) {
 		return nil, err
 	}
 	mesh := NewMesh(h.Rank, conns)
+	mesh.timeout = timeoutsOf(h).exchange()
 	d, err := ParseWireDType(h.Wire)
 	if err != nil {
 		mesh.Close()

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -223,4 +224,71 @@ func TestBenchTPxPP(t *testing.T) {
 		t.Errorf("bench: tests %s", got)
 	}
 	t.Logf("%s", out)
+}
+
+// TestServeWorkerStalls: a worker stopped with SIGSTOP (alive, connected,
+// silent) under TP=2, PP=2 and TP=2 × PP=2, with --worker-timeout 1s:
+// the next completion fails within a few seconds with a 5xx naming the
+// stopped worker ("no answer within 2s": its stagemates and successors
+// fail their exchanges with it first, at 1 s, so the coordinator's own
+// deadline finds the stalled one), and the server stays up. (Before
+// --worker-timeout, a stopped tensor-parallel rank hung the request for
+// good: the coordinator waited on it with no deadline.)
+func TestServeWorkerStalls(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts eleven processes")
+	}
+	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
+	for _, c := range []struct {
+		name    string
+		flags   []string
+		workers int
+		want    string
+	}{
+		{"tp2", []string{"--tensor-parallel", "2"}, 2, "tensor parallel: rank 1: "},
+		{"pp2", []string{"--pipeline-parallel", "2"}, 2, "pipeline parallel: stage 1: "},
+		{"tp2xpp2", []string{"--tensor-parallel", "2", "--pipeline-parallel", "2"}, 4, "pipeline parallel: stage 0 rank 1: "},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			var addrs []string
+			var victim *exec.Cmd
+			for i := range c.workers {
+				a, cmd := startWorker(t, path)
+				addrs = append(addrs, a)
+				if i == 1 {
+					victim = cmd
+				}
+			}
+			args := append([]string{"serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
+				"--worker-timeout", "1s", "--workers", strings.Join(addrs, ",")}, c.flags...)
+			addr := startProc(t, servingRe, args...)
+			if complete(t, addr, "Once upon a time", 8) == "" {
+				t.Fatal("no completion before the stall")
+			}
+			victim.Process.Signal(syscall.SIGSTOP)
+			defer victim.Process.Signal(syscall.SIGCONT)
+			client := &http.Client{Timeout: 60 * time.Second}
+			body, _ := json.Marshal(map[string]any{"prompt": "The dog", "max_tokens": 8, "temperature": 0})
+			start := time.Now()
+			resp, err := client.Post("http://"+addr+"/v1/completions", "application/json", bytes.NewReader(body))
+			if err != nil {
+				t.Fatalf("after the stall: %v (in %v)", err, time.Since(start))
+			}
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			took := time.Since(start)
+			t.Logf("%d in %v: %s", resp.StatusCode, took.Round(time.Millisecond), b)
+			if resp.StatusCode < 500 || !strings.Contains(string(b), c.want) || !strings.Contains(string(b), "no answer within 2s") {
+				t.Errorf("after the stall: %d %s (want %q, no answer within 2s)", resp.StatusCode, b, c.want)
+			}
+			if took > 20*time.Second {
+				t.Errorf("the error took %v", took)
+			}
+			resp, err = client.Get("http://" + addr + "/v1/models")
+			if err != nil || resp.StatusCode != 200 {
+				t.Fatalf("the server after the stall: %v", err)
+			}
+			resp.Body.Close()
+		})
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"time"
 
 	"pagoda/cluster"
 	"pagoda/engine"
@@ -74,6 +75,7 @@ type tpFlags struct {
 	minRows *int
 	workers *string
 	wire    *string
+	stall   *time.Duration
 }
 
 func addTPFlags(fs *flag.FlagSet) *tpFlags {
@@ -83,6 +85,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
 		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
 		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
+		stall:   fs.Duration("worker-timeout", 2*time.Minute, "how long a worker waits on another (a mesh exchange, a stage hand-off) before the step fails, and, plus a tenth (at least 1s), the coordinator on a worker's answer: a stopped or hung worker becomes an error after about this long (it must exceed the slowest step's compute)"),
 		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first; with both --tensor-parallel N and --pipeline-parallel M, N×M of them stage-major: stage 0's ranks 0…N-1, then stage 1's, … (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
@@ -101,6 +104,7 @@ type tp struct {
 	micro   int
 	minRows int
 	wire    cluster.WireDType
+	stall   time.Duration
 	pipe    *cluster.Pipeline
 	log     io.Writer
 }
@@ -111,6 +115,9 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--wire-dtype: %w", err)
 	}
+	if *f.stall < 100*time.Millisecond || *f.stall > 24*time.Hour {
+		return nil, fmt.Errorf("--worker-timeout %v out of range [100ms, 24h]", *f.stall)
+	}
 	t, err := f.start1(path, threads, log)
 	switch {
 	case err != nil:
@@ -118,7 +125,7 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	case t == nil && wire != cluster.WireF32:
 		return nil, fmt.Errorf("--wire-dtype %s: activations travel only between workers (give --tensor-parallel, --pipeline-parallel or --workers)", wire)
 	case t != nil:
-		t.wire = wire
+		t.wire, t.stall = wire, *f.stall
 	}
 	return t, nil
 }
@@ -238,7 +245,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	if t.pipeline {
 		return func(kc kvcache.Config) (executor.Executor, error) {
 			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
-				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor})
+				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor, Exchange: t.stall})
 			if err != nil {
 				return nil, err
 			}
@@ -247,7 +254,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 		}
 	}
 	return func(kc kvcache.Config) (executor.Executor, error) {
-		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire})
+		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
 		if err != nil {
 			return nil, err
 		}
