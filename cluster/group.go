@@ -19,6 +19,7 @@ import (
 // step goes out to all of them at once and the group waits for all.
 type Group struct {
 	links
+	wait    time.Duration // for each rank's answer (Timeouts.answer)
 	remotes []*executor.Remote
 	outs    []executor.StepOutput
 	errs    []error
@@ -41,6 +42,9 @@ type GroupOptions struct {
 	Timeout time.Duration
 	// Wire is the form of the collectives' payloads between the ranks.
 	Wire WireDType
+	// Exchange bounds each exchange between the ranks (0: two minutes);
+	// the coordinator waits a little longer for each rank's answer.
+	Exchange time.Duration
 }
 
 // Connect makes the workers at addrs ranks 0…n-1 of a new group. It
@@ -62,15 +66,15 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	hellos := make([]hello, n)
 	for r := range hellos {
 		hellos[r] = hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
-			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0, Wire: o.Wire.String()}
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0, Wire: o.Wire.String(), ExchangeMS: o.Exchange.Milliseconds()}
 	}
 	// Every rank must get its hello before any can finish joining the
 	// mesh: dialAll sends all first, then reads the replies.
-	conns, err := dialAll(addrs, hellos, o.Timeout, "tensor parallel: worker")
+	conns, err := dialAll(addrs, hellos, o.Timeout, func(r int) string { return fmt.Sprintf("tensor parallel: worker %d", r) })
 	if err != nil {
 		return nil, err
 	}
-	g := &Group{links: links{conns: conns, closed: "tensor parallel: the group is closed"},
+	g := &Group{links: links{conns: conns, closed: "tensor parallel: the group is closed"}, wait: Timeouts{Exchange: o.Exchange}.answer(),
 		remotes: make([]*executor.Remote, n), outs: make([]executor.StepOutput, n), errs: make([]error, n)}
 	for r, c := range g.conns {
 		g.remotes[r] = executor.NewRemote(c, c)
@@ -80,7 +84,10 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 
 // Execute runs the step on every rank and returns rank 0's output. A
 // failure breaks the group for good: the ranks' KV storage and mesh are
-// in an unknown state, so later steps fail with the first error.
+// in an unknown state, so later steps fail with the first error. A rank
+// whose connection failed or that did not answer in time is the cause
+// of what the others report (their exchanges with it failed), so its
+// error is the one returned; otherwise the lowest rank's.
 func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 	if err := g.err(); err != nil {
 		return executor.StepOutput{}, err
@@ -90,16 +97,29 @@ func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			g.conns[r].SetReadDeadline(time.Now().Add(g.wait))
 			g.outs[r], g.errs[r] = x.Execute(in)
+			g.errs[r] = stalled(g.errs[r], g.wait)
 		}()
 	}
 	wg.Wait()
+	first := -1
 	for r, err := range g.errs {
-		if err != nil {
-			err = fmt.Errorf("tensor parallel: rank %d: %w", r, err)
-			g.fail(err)
-			return executor.StepOutput{}, err
+		if err == nil {
+			continue
 		}
+		if _, ok := errors.AsType[*executor.RemoteError](err); !ok {
+			first = r
+			break
+		}
+		if first < 0 {
+			first = r
+		}
+	}
+	if first >= 0 {
+		err := fmt.Errorf("tensor parallel: rank %d: %w", first, g.errs[first])
+		g.fail(err)
+		return executor.StepOutput{}, err
 	}
 	out := g.outs[0]
 	if len(out.KV) > 0 { // each rank's policies saw its own KV heads

@@ -1,7 +1,8 @@
 // Package cluster runs one model across worker processes: tensor
 // parallelism over TCP (Group, Mesh), and pipeline parallelism, each
 // worker a stage of contiguous layers handing its hidden states to the
-// next (Pipeline, stage.go). A worker (`pagoda worker`) loads its rank's shard
+// next (Pipeline, stage.go), and both together: stages that are each a
+// tensor-parallel group with its own mesh (PipelineOptions.Tensor). A worker (`pagoda worker`) loads its rank's shard
 // of the weights and owns its shard of the KV storage; the coordinator (the
 // engine inside `pagoda serve` or `run`) keeps the scheduler, the KV
 // manager and the sampler, and sends every step to all workers through the
@@ -12,10 +13,12 @@ package cluster
 import (
 	"bufio"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -66,8 +69,50 @@ type peer struct {
 }
 
 // opTimeout bounds one exchange: a rank that stops answering (killed,
-// stopped, a dead link) fails the step instead of hanging the group.
+// stopped, a dead link) fails the step instead of hanging the group. The
+// coordinator may set another (GroupOptions.Exchange).
 const opTimeout = 2 * time.Minute
+
+// Timeouts bound how long a group waits on a worker that stops answering
+// (stopped, hung, a link that drops packets): a step fails instead of
+// hanging.
+type Timeouts struct {
+	// Exchange bounds each exchange between workers (a mesh message, a
+	// hand-off between stages); 0: two minutes. It must exceed the
+	// slowest step's compute on a stage, which a stage's successor waits
+	// out.
+	Exchange time.Duration
+}
+
+// timeoutsOf is the timeouts a hello asks for.
+func timeoutsOf(h *hello) Timeouts {
+	return Timeouts{Exchange: time.Duration(h.ExchangeMS) * time.Millisecond}
+}
+
+// exchange is the workers' deadline for one exchange.
+func (t Timeouts) exchange() time.Duration {
+	if t.Exchange > 0 {
+		return t.Exchange
+	}
+	return opTimeout
+}
+
+// answer is how long the coordinator waits for a worker's output: longer
+// than the workers' own deadline, so that when one worker stalls the
+// others first fail their exchanges with it (naming it) and the stalled
+// worker is the one whose answer times out.
+func (t Timeouts) answer() time.Duration {
+	e := t.exchange()
+	return e + max(e/10, time.Second)
+}
+
+// stalled makes a read that timed out say what it means.
+func stalled(err error, wait time.Duration) error {
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return fmt.Errorf("no answer within %v (the worker is stopped, hung or unreachable): %w", wait, err)
+	}
+	return err
+}
 
 // NewMesh is rank's mesh over conns, the connections to each other rank
 // (conns[rank] is nil).

@@ -20,9 +20,16 @@ import (
 // states arrive from the stage before, so while stage 1 runs micro-batch 0
 // stage 0 already runs micro-batch 1 (GPipe's schedule, forward only). The
 // last stage's logits, concatenated in micro-batch order, are the step's.
+//
+// Under tensor × pipeline parallelism (PipelineOptions.Tensor) every stage
+// is a tensor-parallel group: the remotes are the workers stage-major, a
+// micro-batch goes to every worker of every stage, and the last stage's
+// rank 0 answers with the logits.
 type Pipeline struct {
 	links
 	remotes []*executor.Remote
+	tensor  int           // ranks per stage
+	wait    time.Duration // for each answer (Timeouts.answer)
 	micro   int
 	minRows int
 	stats   PipelineStats // guarded by links.mu
@@ -52,15 +59,26 @@ type PipelineOptions struct {
 	MinRows int
 	// Timeout bounds connecting and the workers' loading (0: 10 minutes).
 	Timeout time.Duration
-	// Wire is the form of the hidden states handed from stage to stage.
+	// Wire is the form of the hidden states handed from stage to stage
+	// (and of the all-reduces within a tensor-parallel stage).
 	Wire WireDType
+	// Tensor makes every stage a tensor-parallel group of this many
+	// ranks (0 or 1: one worker per stage); the addresses are then
+	// stage-major, stage s's rank r at s·Tensor + r, and Model is rank
+	// 0's shard (OpenGridShape).
+	Tensor int
+	// Exchange bounds each exchange between workers (a hand-off, a mesh
+	// message; 0: two minutes); the coordinator waits a little longer for
+	// each answer.
+	Exchange time.Duration
 }
 
 // PipelineStats is what the stages did since the pipeline connected.
 type PipelineStats struct {
 	Steps, MicroBatches int
 	// Wall is the time Execute took, summed over the steps; Busy, per
-	// stage, the time it computed (as it measured it).
+	// stage (per worker, stage-major, under tensor × pipeline), the time
+	// it computed (as it measured it).
 	Wall time.Duration
 	Busy []time.Duration
 }
@@ -98,32 +116,52 @@ func StageLayers(layers, stages int) ([]model.Stage, error) {
 }
 
 // ConnectPipeline makes the workers at addrs stages 0…n-1 of a new
-// pipeline, the layers cut by StageLayers. It returns when every stage
-// has loaded its layers and linked to its neighbours, or with the first
-// stage's error.
+// pipeline, the layers cut by StageLayers (with o.Tensor > 1, n stages of
+// o.Tensor ranks each, stage-major). It returns when every worker has
+// loaded its layers and linked to its neighbours, or with the first
+// worker's error.
 func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	if o.Model == nil {
 		return nil, errors.New("pipeline parallel: no model shape")
 	}
-	stages, err := StageLayers(o.Model.NLayer, len(addrs))
+	tp := max(o.Tensor, 1)
+	if tp > 256 || len(addrs)%tp != 0 {
+		return nil, fmt.Errorf("tensor × pipeline parallel: %d workers are not stages of %d ranks", len(addrs), tp)
+	}
+	n := len(addrs) / tp
+	stages, err := StageLayers(o.Model.NLayer, n)
 	if err != nil {
 		return nil, err
 	}
-	spec, err := specOf(o.KV, "pipeline parallel", true)
+	what := "pipeline parallel"
+	if tp > 1 {
+		what = "tensor × pipeline parallel"
+	}
+	// Layer groups split by layers, not by the heads a rank holds.
+	spec, err := specOf(o.KV, what, tp == 1)
 	if err != nil {
 		return nil, err
 	}
 	session := newSession()
 	hellos := make([]hello, len(addrs))
 	for s, st := range stages {
-		hellos[s] = hello{Kind: "stage", Session: session, Rank: s, Ranks: len(addrs), Peers: addrs, Threads: o.Threads,
-			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Layers: &[2]int{st.Lo, st.Hi}, Wire: o.Wire.String()}
+		for r := range tp {
+			h := hello{Kind: "stage", Session: session, Rank: s, Ranks: n, Peers: addrs, Threads: o.Threads,
+				Context: o.Context, Model: shapeOf(o.Model), KV: spec, Layers: &[2]int{st.Lo, st.Hi}, Wire: o.Wire.String(),
+				Logits: s == n-1 && r == 0, ExchangeMS: o.Exchange.Milliseconds()}
+			if tp > 1 {
+				h.TPRank, h.TPRanks = r, tp
+			}
+			hellos[s*tp+r] = h
+		}
 	}
-	conns, err := dialAll(addrs, hellos, o.Timeout, "pipeline parallel: stage")
+	p := &Pipeline{links: links{closed: "pipeline parallel: the pipeline is closed"}, tensor: tp, wait: Timeouts{Exchange: o.Exchange}.answer(),
+		micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
+	conns, err := dialAll(addrs, hellos, o.Timeout, func(i int) string { return "pipeline parallel: " + p.name(i) })
 	if err != nil {
 		return nil, err
 	}
-	p := &Pipeline{links: links{conns: conns, closed: "pipeline parallel: the pipeline is closed"}, micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
+	p.conns = conns
 	for _, c := range conns {
 		p.remotes = append(p.remotes, executor.NewRemote(c, c))
 	}
@@ -131,10 +169,18 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	return p, nil
 }
 
+// name is worker i's place in the pipeline, for errors.
+func (p *Pipeline) name(i int) string {
+	if p.tensor <= 1 {
+		return fmt.Sprintf("stage %d", i)
+	}
+	return fmt.Sprintf("stage %d rank %d", i/p.tensor, i%p.tensor)
+}
+
 // dialAll connects to every worker, sends each its hello and waits for
 // every reply (a worker may need the others' hellos before it can answer,
-// so all are sent first).
-func dialAll(addrs []string, hellos []hello, timeout time.Duration, what string) ([]net.Conn, error) {
+// so all are sent first). name(i) names worker i in errors.
+func dialAll(addrs []string, hellos []hello, timeout time.Duration, name func(int) string) ([]net.Conn, error) {
 	if timeout == 0 {
 		timeout = 10 * time.Minute
 	}
@@ -145,7 +191,7 @@ func dialAll(addrs []string, hellos []hello, timeout time.Duration, what string)
 				c.Close()
 			}
 		}
-		return nil, fmt.Errorf("%s %d at %s: %w", what, r, addrs[r], err)
+		return nil, fmt.Errorf("%s at %s: %w", name(r), addrs[r], err)
 	}
 	for r, a := range addrs {
 		c, err := net.DialTimeout("tcp", a, 30*time.Second)
@@ -201,7 +247,7 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 		p.fail(err)
 		return executor.StepOutput{}, err
 	}
-	last := len(p.remotes) - 1
+	last := len(p.remotes) - p.tensor // the last stage's rank 0
 	var res executor.StepOutput
 	for j := range mbs {
 		res.Logits = append(res.Logits, outs[last][j].Logits...)
@@ -265,7 +311,7 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 	var cause error
 	cut := func(s int, err error) {
 		once.Do(func() {
-			cause = fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
+			cause = fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)
 			p.closeConns()
 		})
 	}
@@ -282,8 +328,9 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 		})
 		wg.Go(func() {
 			for j := range mbs {
-				p.conns[s].SetReadDeadline(time.Now().Add(opTimeout))
+				p.conns[s].SetReadDeadline(time.Now().Add(p.wait))
 				out, err := x.Receive()
+				err = stalled(err, p.wait)
 				var re *executor.RemoteError
 				switch {
 				case errors.As(err, &re):
@@ -309,7 +356,7 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 	var first error
 	for s, err := range errs {
 		if err != nil {
-			first = fmt.Errorf("pipeline parallel: stage %d: %w", s, err)
+			first = fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)
 			break
 		}
 	}
@@ -330,6 +377,17 @@ func (p *Pipeline) Stats() PipelineStats {
 // configuration, tokenizer and metadata the scheduler and server need. It
 // never runs the forward pass (Forward refuses a stage).
 func OpenStageShape(path string, o model.Options) (*model.Model, error) {
+	return OpenGridShape(path, 1, o)
+}
+
+// OpenGridShape is OpenStageShape for tensor × pipeline parallelism with
+// tensor ranks per stage: rank 0's shard of the first layer, whose shapes
+// (heads per rank) are what every worker's must match. Its collective
+// refuses to compute.
+func OpenGridShape(path string, tensor int, o model.Options) (*model.Model, error) {
 	o.Stage = model.Stage{Lo: 0, Hi: 1}
+	if tensor > 1 {
+		o.Rank, o.Ranks, o.Group = 0, tensor, noExchange{}
+	}
 	return model.Open(path, o)
 }

@@ -28,8 +28,9 @@ type hello struct {
 	Session string `json:"session"`
 	Rank    int    `json:"rank"`
 	Ranks   int    `json:"ranks,omitempty"`
-	// Peers are the workers' addresses by rank (by stage), for the mesh
-	// (for the link to the next stage).
+	// Peers are the workers' addresses by rank (by stage; stage-major
+	// under tensor × pipeline), for the mesh and the links to the next
+	// stage.
 	Peers   []string `json:"peers,omitempty"`
 	Threads int      `json:"threads,omitempty"`
 	Context int      `json:"context,omitempty"`
@@ -40,6 +41,16 @@ type hello struct {
 	Logits bool `json:"logits,omitempty"`
 	// Layers is a pipeline stage's range of layers [lo, hi).
 	Layers *[2]int `json:"layers,omitempty"`
+	// TPRank and TPRanks make a pipeline stage a tensor-parallel group
+	// (tensor × pipeline): this worker is rank TPRank of the stage's
+	// TPRanks (0 or 1: the stage is one worker). Peers then lists every
+	// worker stage-major, stage s's rank r at s·TPRanks + r, and a peer
+	// hello's Rank is that index.
+	TPRank  int `json:"tp_rank,omitempty"`
+	TPRanks int `json:"tp_ranks,omitempty"`
+	// ExchangeMS is the workers' deadline for one exchange with another
+	// worker, in milliseconds (0: two minutes; Timeouts.Exchange).
+	ExchangeMS int64 `json:"exchange_timeout_ms,omitempty"`
 	// Wire is the form of activations between workers (f32, f16, bf16;
 	// "" is f32): the coordinator's choice, which a peer's hello repeats
 	// so that ranks told different forms do not join.

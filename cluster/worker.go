@@ -23,7 +23,8 @@ import (
 // its shard of the KV storage, joins the mesh and executes steps until the
 // coordinator hangs up. Then it frees all of it and waits for the next.
 // A coordinator may instead make it one stage of a pipeline (a range of
-// layers; stage.go).
+// layers; stage.go), or one rank of such a stage (its shard of the
+// stage's layers).
 type Worker struct {
 	// Model is the model file; every rank opens the same one and binds
 	// only its shard.
@@ -295,6 +296,7 @@ func (w *Worker) join(h *hello) (*rank, error) {
 		return nil, err
 	}
 	mesh := NewMesh(h.Rank, conns)
+	mesh.timeout = timeoutsOf(h).exchange()
 	d, err := ParseWireDType(h.Wire)
 	if err != nil {
 		mesh.Close()

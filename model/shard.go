@@ -55,10 +55,12 @@ func checkTP(c *Config, tp tpRank) error {
 	switch {
 	case tp.rank < 0 || tp.rank >= r:
 		return fmt.Errorf("tensor parallel: rank %d out of range [0, %d)", tp.rank, r)
+	case c.NExpert > 0 && c.MLA:
+		return fmt.Errorf("tensor parallel: %s's mixture of experts and multi-head latent attention do not split yet (expert parallelism is not implemented; the latent KV cache has no heads to split)", c.Arch)
 	case c.NExpert > 0:
-		return fmt.Errorf("tensor parallel: mixture-of-experts models (%s) do not split yet", c.Arch)
+		return fmt.Errorf("tensor parallel: mixture-of-experts models (%s) do not split yet (expert parallelism is not implemented)", c.Arch)
 	case c.MLA:
-		return fmt.Errorf("tensor parallel: multi-head latent attention (%s) does not split yet", c.Arch)
+		return fmt.Errorf("tensor parallel: multi-head latent attention (%s) does not split yet (the latent KV cache has no heads to split)", c.Arch)
 	case c.QKNormFull:
 		return fmt.Errorf("tensor parallel: %s's q/k norm spans all heads, which would need a reduce inside attention", c.Arch)
 	case c.NHead%r != 0:

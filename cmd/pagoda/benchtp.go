@@ -44,9 +44,12 @@ func benchGroup(grp *tp, path string, tests []speed.Test, reps, batch, ctx int) 
 		return nil, err
 	}
 	name := filepath.Base(path)
-	if grp.pipeline {
+	switch {
+	case grp.pipeline && grp.tensor > 1:
+		name += fmt.Sprintf(" tp%dxpp%d", grp.tensor, len(grp.addrs)/grp.tensor)
+	case grp.pipeline:
 		name += fmt.Sprintf(" pp%d", len(grp.addrs))
-	} else {
+	default:
 		name += fmt.Sprintf(" tp%d", len(grp.addrs))
 	}
 	if grp.wire != 0 {

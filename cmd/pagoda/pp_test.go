@@ -56,7 +56,6 @@ func TestServePipelineParallelRefusals(t *testing.T) {
 		want string
 	}{
 		{[]string{"serve", "-m", path, "--pipeline-parallel", "3", "--port", "0"}, "3 stages for a model of 2 layers"},
-		{[]string{"serve", "--pipeline-parallel", "2", "--tensor-parallel", "2", "--port", "0"}, "combining the two is not implemented"},
 		{[]string{"serve", "--pipeline-parallel", "2", "--workers", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--port", "0"}, "but 3 --workers"},
 		{[]string{"serve", "--pipeline-parallel", "0", "--port", "0"}, "--pipeline-parallel 0"},
 	} {

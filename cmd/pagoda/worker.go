@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"time"
 
 	"pagoda/cluster"
 	"pagoda/engine"
@@ -20,7 +21,7 @@ import (
 )
 
 func init() {
-	register("worker", "serve one rank of a tensor-parallel group, or one pipeline stage, for a coordinator (serve --workers)", runWorker)
+	register("worker", "serve one rank of a tensor-parallel group, one pipeline stage, or one rank of a stage (tensor × pipeline), for a coordinator (serve --workers)", runWorker)
 }
 
 func runWorker(args []string) error {
@@ -83,6 +84,7 @@ type tpFlags struct {
 	maxMem  *string
 	// capBytes is --max-memory parsed by start (0: no cap).
 	capBytes int64
+	stall    *time.Duration
 }
 
 const maxMemoryHelp = "most memory this process may bind for the model, e.g. 512MiB or 2GiB: the weights of its shard (all of them in one process) plus its KV storage; a model over it is refused before loading (default: no cap)"
@@ -122,7 +124,8 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
 		maxMem:  fs.String("max-memory", "", maxMemoryHelp+"; with workers started here, each worker's cap"),
 		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
-		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
+		stall:   fs.Duration("worker-timeout", 2*time.Minute, "how long a worker waits on another (a mesh exchange, a stage hand-off) before the step fails, and, plus a tenth (at least 1s), the coordinator on a worker's answer: a stopped or hung worker becomes an error after about this long (it must exceed the slowest step's compute)"),
+		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first; with both --tensor-parallel N and --pipeline-parallel M, N×M of them stage-major: stage 0's ranks 0…N-1, then stage 1's, … (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
 
@@ -134,11 +137,15 @@ type tp struct {
 	group    *cluster.Group
 	threads  int
 	pipeline bool
-	micro    int
-	minRows  int
-	wire     cluster.WireDType
-	pipe     *cluster.Pipeline
-	log      io.Writer
+	// tensor is the ranks of every pipeline stage (tensor × pipeline;
+	// 0 or 1: one worker per stage).
+	tensor  int
+	micro   int
+	minRows int
+	wire    cluster.WireDType
+	stall   time.Duration
+	pipe    *cluster.Pipeline
+	log     io.Writer
 }
 
 // start resolves the flags: nil when serving in this process.
@@ -150,6 +157,9 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	if f.capBytes, err = parseMaxMemory(*f.maxMem); err != nil {
 		return nil, err
 	}
+	if *f.stall < 100*time.Millisecond || *f.stall > 24*time.Hour {
+		return nil, fmt.Errorf("--worker-timeout %v out of range [100ms, 24h]", *f.stall)
+	}
 	t, err := f.start1(path, threads, log)
 	switch {
 	case err != nil:
@@ -157,7 +167,7 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	case t == nil && wire != cluster.WireF32:
 		return nil, fmt.Errorf("--wire-dtype %s: activations travel only between workers (give --tensor-parallel, --pipeline-parallel or --workers)", wire)
 	case t != nil:
-		t.wire = wire
+		t.wire, t.stall = wire, *f.stall
 	}
 	return t, nil
 }
@@ -166,16 +176,18 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	addrs := splitList(*f.workers)
 	n, m := *f.ranks, *f.stages
 	switch {
-	case n > 1 && m > 1:
-		return nil, fmt.Errorf("--tensor-parallel %d with --pipeline-parallel %d: combining the two is not implemented", n, m)
+	case n > 1 && m > 1 && (n > 64 || n*m > 256):
+		return nil, fmt.Errorf("--tensor-parallel %d × --pipeline-parallel %d: %d workers (at most 256)", n, m, n*m)
 	case m < 1 || m > 64:
 		return nil, fmt.Errorf("--pipeline-parallel %d out of range [1, 64]", m)
 	case *f.micro < 0 || *f.micro > 1024:
 		return nil, fmt.Errorf("--pipeline-micro-batches %d out of range [0, 1024]", *f.micro)
 	case *f.minRows < 1 || *f.minRows > 1<<20:
 		return nil, fmt.Errorf("--pipeline-min-rows %d out of range [1, %d]", *f.minRows, 1<<20)
+	case n < 1:
+		return nil, fmt.Errorf("--tensor-parallel %d out of range [1, 64]", n)
 	case m > 1:
-		return f.startPipeline(path, addrs, threads, log)
+		return f.startPipeline(path, addrs, n, threads, log)
 	case len(addrs) == 1:
 		return nil, fmt.Errorf("--workers: one worker is no group; give at least two, or none to serve in this process")
 	case len(addrs) > 0 && n != 1 && n != len(addrs):
@@ -194,22 +206,33 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	return &tp{addrs: s.Addrs, spawned: s, threads: per}, nil
 }
 
-// startPipeline is start for --pipeline-parallel M: the workers given, or
-// M local ones.
-func (f *tpFlags) startPipeline(path string, addrs []string, threads int, log io.Writer) (*tp, error) {
+// startPipeline is start for --pipeline-parallel M, each stage of n
+// tensor-parallel ranks: the workers given (stage-major), or n×M local
+// ones.
+func (f *tpFlags) startPipeline(path string, addrs []string, n, threads int, log io.Writer) (*tp, error) {
 	m := *f.stages
 	micro := cmp.Or(*f.micro, m)
+	what := fmt.Sprintf("--pipeline-parallel %d", m)
+	if n > 1 {
+		what = fmt.Sprintf("--tensor-parallel %d × --pipeline-parallel %d", n, m)
+	}
+	t := &tp{threads: threads, pipeline: true, tensor: n, micro: micro, minRows: *f.minRows, log: log}
 	if len(addrs) > 0 {
-		if len(addrs) != m {
+		if len(addrs) != n*m {
+			if n > 1 {
+				return nil, fmt.Errorf("%s needs %d --workers, stage-major (stage 0's ranks first), but %d are given", what, n*m, len(addrs))
+			}
 			return nil, fmt.Errorf("--pipeline-parallel %d but %d --workers", m, len(addrs))
 		}
-		return &tp{addrs: addrs, threads: threads, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
+		t.addrs = addrs
+		return t, nil
 	}
-	s, per, err := spawn(path, m, threads, *f.maxMem, log)
+	s, per, err := spawn(path, n*m, threads, *f.maxMem, log)
 	if err != nil {
-		return nil, fmt.Errorf("--pipeline-parallel %d: %w", m, err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
-	return &tp{addrs: s.Addrs, spawned: s, threads: per, pipeline: true, micro: micro, minRows: *f.minRows, log: log}, nil
+	t.addrs, t.spawned, t.threads = s.Addrs, s, per
+	return t, nil
 }
 
 // spawn starts n local workers sharing this machine's cores, each with
@@ -236,7 +259,7 @@ func (t *tp) openModel(path string, o model.Options) (*model.Model, error) {
 		return openModel(path, o)
 	}
 	if t.pipeline {
-		return cluster.OpenStageShape(path, o)
+		return cluster.OpenGridShape(path, t.tensor, o)
 	}
 	return cluster.OpenShape(path, len(t.addrs), o)
 }
@@ -269,7 +292,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	if t.pipeline {
 		return func(kc kvcache.Config) (executor.Executor, error) {
 			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
-				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire})
+				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor, Exchange: t.stall})
 			if err != nil {
 				return nil, err
 			}
@@ -278,7 +301,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 		}
 	}
 	return func(kc kvcache.Config) (executor.Executor, error) {
-		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire})
+		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
 		if err != nil {
 			return nil, err
 		}
