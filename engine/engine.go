@@ -184,6 +184,7 @@ type Engine struct {
 	in        executor.StepInput      // the step being built, reused
 	plan      model.KVPlan            // its KV plan, from the KV manager
 	scratch   []float32
+	topRows   []float32 // logits rows spread from a top-k step (topone.go)
 
 	specMax   int       // Config.Spec.Tokens, defaulted
 	cost      spec.Cost // measured step costs: when speculation pays

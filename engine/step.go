@@ -40,6 +40,10 @@ func (e *Engine) step() bool {
 	}
 	e.moves, e.in.Moves = e.moves[:0], nil // applied, or lost with the step's requests
 	logits := out.Logits
+	if err == nil && e.in.TopK > 0 {
+		e.topRows, err = spreadTop(e.topRows, out.TopIDs, out.Logits, p.rows, e.cfg.VocabSize, e.in.TopK)
+		logits = e.topRows
+	}
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
 		err = fmt.Errorf("engine: model returned %d logits for %d rows of %d", len(logits), p.rows, e.cfg.VocabSize)
 	}
@@ -93,6 +97,7 @@ func (e *Engine) buildBatch(p *plan) {
 	}
 	b.Moves = e.moves
 	b.Hidden = e.feat != nil
+	b.TopK = stepTopK(p, e.cfg.Executor != nil)
 }
 
 // sampleStep turns each planned sequence's logits rows into its outcome,
