@@ -197,6 +197,12 @@ func FuzzDecodeStep(f *testing.F) {
 	tree := StepInput{Tokens: []int32{5, 6}, Pos: []int32{9, 10}, Seq: []int32{2, 2}, Rope: []int32{9, 9}, Moves: []int32{4, 3}, Hidden: true}
 	p, _ := AppendStep(nil, &tree)
 	f.Add(p)
+	noted := steps(512)[0]
+	noted.KV = &model.KVPlan{Runs: []int32{0, 16}, TableOff: []int32{0, 0}, Notes: []model.KVNote{
+		{Op: model.NoteBind, Seq: 3, Policy: "h2o:heavy=8,recent=8"}, {Op: model.NoteCommit, Seq: 3, N: 10, Table: []int32{4, -1, 6}},
+		{Op: model.NoteCopy, Seq: 9, N: 4}, {Op: model.NoteFree, Seq: 5}}}
+	p, _ = AppendStep(nil, &noted)
+	f.Add(p)
 	f.Fuzz(func(t *testing.T, p []byte) {
 		var in StepInput
 		if err := DecodeStep(p, &in); err != nil {
@@ -292,4 +298,32 @@ func TestPipePagedPlan(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("serve: %v", err)
 	}
+}
+
+// FuzzDecodeOutput: no input panics the output decoder, and what it
+// accepts (logits, top-k ids, hidden states, KV reports) encodes to bytes
+// that decode to the same output.
+func FuzzDecodeOutput(f *testing.F) {
+	outs := []StepOutput{
+		{Logits: []float32{1, 2, 3}},
+		{Logits: []float32{0.5}, TopIDs: []int32{7}, Busy: 3},
+		{Logits: []float32{1}, Hidden: []float32{4, 5}, KV: []model.KVReport{{Seq: 2, Sealed: -1, Dead: []int32{0, 3}}, {Seq: 5, Sealed: 40}}},
+	}
+	for _, o := range outs {
+		f.Add(AppendOutput(nil, &o))
+	}
+	f.Add([]byte{kindReport, 255, 255, 255, 255})
+	f.Fuzz(func(t *testing.T, p []byte) {
+		var a, b StepOutput
+		if err := DecodeOutput(p, &a); err != nil {
+			return
+		}
+		q := AppendOutput(nil, &a)
+		if err := DecodeOutput(q, &b); err != nil {
+			t.Fatalf("re-encoded output does not decode: %v", err)
+		}
+		if r := AppendOutput(nil, &b); string(r) != string(q) {
+			t.Fatalf("re-encoded %x, then %x", q, r)
+		}
+	})
 }

@@ -18,6 +18,7 @@ type Follower struct {
 	// hold only what commits carried (Quest reads them).
 	*Cache
 	next    map[int32]int // tokens each followed sequence has committed
+	seen    map[int32]int // positions each sequence's steps have computed
 	touched []int32       // sequences the step's notes changed
 	reports []model.KVReport
 }
@@ -28,7 +29,7 @@ func NewFollower(cfg Config) (*Follower, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Follower{Cache: c, next: map[int32]int{}}, nil
+	return &Follower{Cache: c, next: map[int32]int{}, seen: map[int32]int{}}, nil
 }
 
 // Begin implements model.KVCache: the plan's notes, then its step.
@@ -39,7 +40,13 @@ func (f *Follower) Begin(b *model.Batch) error {
 	if err := f.Apply(b.KV.Notes); err != nil {
 		return err
 	}
-	return f.Cache.Begin(b)
+	if err := f.Cache.Begin(b); err != nil {
+		return err
+	}
+	for i, seq := range b.Seq {
+		f.seen[seq] = max(f.seen[seq], int(b.Pos[i])+1)
+	}
+	return nil
 }
 
 // Apply replays a manager's notes, in order. A note that names pages
@@ -48,6 +55,9 @@ func (f *Follower) Begin(b *model.Batch) error {
 func (f *Follower) Apply(notes []model.KVNote) error {
 	c := f.Cache
 	for _, n := range notes {
+		if n.N < 0 {
+			return fmt.Errorf("kvcache: note %d for sequence %d with a negative count %d", n.Op, n.Seq, n.N)
+		}
 		switch n.Op {
 		case model.NoteCopy:
 			if min(n.Seq, n.N) < 0 || int(max(n.Seq, n.N)) >= c.npages {
@@ -75,6 +85,7 @@ func (f *Follower) Apply(notes []model.KVNote) error {
 		case model.NoteTruncate:
 			c.track(n.Seq, func(tr Tracker) { tr.Truncated(n.Seq, int(n.N)) })
 			f.next[n.Seq] = min(f.next[n.Seq], int(n.N))
+			f.seen[n.Seq] = min(f.seen[n.Seq], int(n.N))
 			f.touched = append(f.touched, n.Seq)
 		case model.NoteFork:
 			f.fork(n.Seq, n.N)
@@ -83,6 +94,7 @@ func (f *Follower) Apply(notes []model.KVNote) error {
 			c.Policies.unbind(n.Seq)
 			delete(c.tables, n.Seq)
 			delete(f.next, n.Seq)
+			delete(f.seen, n.Seq)
 		default:
 			return fmt.Errorf("kvcache: unknown note %d", n.Op)
 		}
@@ -94,6 +106,9 @@ func (f *Follower) Apply(notes []model.KVNote) error {
 // compression, Quest's bounds) over the table the note carries.
 func (f *Follower) commit(n model.KVNote) error {
 	c := f.Cache
+	if int(n.N) > f.seen[n.Seq] {
+		return fmt.Errorf("kvcache: note commits %d tokens of sequence %d, which has computed %d", n.N, n.Seq, f.seen[n.Seq])
+	}
 	for _, pg := range n.Table {
 		if pg < released || int(pg) >= c.npages {
 			return fmt.Errorf("kvcache: note gives sequence %d page %d of %d", n.Seq, pg, c.npages)
@@ -122,6 +137,7 @@ func (f *Follower) fork(parent, child int32) {
 	c.Policies.forkBinding(parent, child)
 	c.track(parent, func(tr Tracker) { tr.Forked(parent, child) })
 	f.next[child] = f.next[parent]
+	f.seen[child] = f.seen[parent]
 	f.touched = append(f.touched, child)
 }
 
