@@ -192,11 +192,24 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 			copy(in[dd:], st.feat[j*dd:(j+1)*dd])
 		}
 		st.k, st.v = growKeep(st.k, end*kvd), growKeep(st.v, end*kvd)
-		d.forward(&p.p, &p.w, p.pos, p.ctx, p.par, st.k, st.v, p.p.k, p.p.v, 0)
-		copy(st.k[from*kvd:], p.p.k[:n*kvd])
-		copy(st.v[from*kvd:], p.p.v[:n*kvd])
+		if n > 1 {
+			// Only the last row's output is read (the tree grows from
+			// it); the rows before it leave just their K/V, which the
+			// layer computes from its input alone: the rest of a row
+			// (attention, MLP) is three quarters of its cost.
+			d.kvRows(&p.p, &p.w, p.pos, n-1)
+			copy(st.k[from*kvd:], p.p.k[:(n-1)*kvd])
+			copy(st.v[from*kvd:], p.p.v[:(n-1)*kvd])
+			copy(p.p.xin[:2*dd], p.p.xin[(n-1)*2*dd:n*2*dd])
+			from, n = end-1, 1
+			p.p.size(s, 1)
+			p.pos[0], p.ctx[0], p.par[0] = int32(from), int32(from), -1
+		}
+		d.forward(&p.p, &p.w, p.pos[:1], p.ctx[:1], p.par[:1], st.k, st.v, p.p.k, p.p.v, 0)
+		copy(st.k[from*kvd:], p.p.k[:kvd])
+		copy(st.v[from*kvd:], p.p.v[:kvd])
 		st.n = end
-		st.last = append(st.last[:0], p.p.out[(n-1)*dd:n*dd]...)
+		st.last = append(st.last[:0], p.p.out[:dd]...)
 		st.ok = true
 	}
 	if st.n != len(r.Tokens)-1 {
