@@ -243,11 +243,11 @@ func TestSpecCtlTreeLadder(t *testing.T) {
 		nodes, topK, depth int
 		want               string
 	}{
-		{16, 4, 5, "[{16 4 5} {8 4 5} {5 1 5} {4 4 4} {3 1 3}]"},
+		{16, 4, 5, "[{16 4 5} {8 2 5} {5 1 5} {4 1 4} {3 1 3}]"},
 		{4, 4, 5, "[{4 4 4} {4 1 4} {3 1 3} {2 2 2} {1 1 1}]"},
 		{1, 4, 5, "[{1 1 1}]"},
-		{12, 10, 1, "[{12 10 1} {6 6 1} {3 3 1} {1 1 1}]"},
-		{64, 16, 16, "[{64 16 16} {32 16 16} {16 16 15} {16 1 16} {8 1 8}]"},
+		{12, 10, 1, "[{12 10 1} {6 5 1} {3 3 1} {1 1 1}]"},
+		{64, 16, 16, "[{64 16 16} {32 8 16} {16 4 15} {16 1 16} {8 1 8}]"},
 	} {
 		if got := fmt.Sprint(treeLadder(tc.nodes, tc.topK, tc.depth)); got != tc.want {
 			t.Errorf("ladder of %d nodes, top-%d, depth %d: %s, want %s", tc.nodes, tc.topK, tc.depth, got, tc.want)
@@ -262,8 +262,8 @@ func TestSpecCtlTreeLadder(t *testing.T) {
 // follow a linear model (a plain step t0, each verified node cv, each
 // drafted row cp) and tokens per step the rung's acceptance length.
 func TestSpecCtlTreeBudget(t *testing.T) {
-	ladder := treeLadder(16, 4, 5) // {16 4 5} {8 4 5} {5 1 5} {4 4 4} {3 1 3}
-	accLen := []float64{3.8, 3.4, 2.6, 2.5, 2.0}
+	ladder := treeLadder(16, 4, 5) // {16 4 5} {8 2 5} {5 1 5} {4 1 4} {3 1 3}
+	accLen := []float64{3.8, 3.3, 2.9, 2.5, 2.1}
 	cfg := SpecControl{Window: 6, ProbeEvery: 6}
 	costs := func(cv, cp float64) func(n, arm int) float64 {
 		return func(n, arm int) float64 {
@@ -279,32 +279,37 @@ func TestSpecCtlTreeBudget(t *testing.T) {
 		name   string
 		cv, cp float64
 		want   treeBudget // zero: plain
+		climb  int        // rungs exploration reaches
 	}{
-		{"cheap verification", 0.004, 0.004, ladder[0]},
-		{"dear verification", 0.1, 0.05, ladder[2]},
-		{"a chain does not pay", 0.3, 0.15, treeBudget{}},
+		{"cheap verification", 0.002, 0.002, ladder[0], 5},
+		{"dear verification", 0.15, 0.05, ladder[2], 4},
+		{"a chain does not pay", 0.4, 0.2, treeBudget{}, 1},
 	} {
 		sim := newCtlSim(cfg, costs(tc.cv, tc.cp))
 		sim.c = newSpecCtl(cfg, ladder)
-		sim.steps(1, 10*cfg.Window)
-		// Exploration: each rung once between plain windows, then the
-		// largest again: bounded by 2·rungs+2 windows.
+		// Exploration climbs from the cheapest rung, each spec window
+		// between plain ones, the cheapest twice: at most 2·rungs+2
+		// windows, fewer when the climb stops early.
 		s := &sim.c.b[0]
-		for w := 0; w < 2*len(ladder); w++ {
-			want := armPlain
-			if w%2 == 0 {
-				want = armSpec + w/2
-			}
+		order := []int{armSpec + 4, armPlain, armSpec + 4, armPlain}
+		for a := armSpec + 3; a >= armSpec+5-tc.climb; a-- {
+			order = append(order, a, armPlain)
+		}
+		sim.steps(1, (2*len(ladder)+3)*cfg.Window)
+		for w, want := range order {
 			if got := sim.runs[w*cfg.Window]; got != want {
-				t.Fatalf("%s: exploration window %d ran arm %d, want %d", tc.name, w, got, want)
+				t.Fatalf("%s: exploration window %d ran arm %d, want %d (order %v)", tc.name, w, got, want, order)
 			}
+		}
+		if got := sim.runs[len(order)*cfg.Window]; got != s.arm {
+			t.Fatalf("%s: after %d exploration windows the next ran arm %d, want the exploited %d", tc.name, len(order), got, s.arm)
 		}
 		sim.steps(1, 120*cfg.Window)
 		if got := sim.c.budget(s.arm); got != tc.want {
 			t.Fatalf("%s: exploits %v (arm %d), want %v; log ratios %.3f", tc.name, got, s.arm, tc.want, s.ratio[:sim.c.arms])
 		}
 		k := 100 * cfg.Window
-		if got := sim.share(s.arm, k); got < 1-1.0/float64(cfg.ProbeEvery)-1e-9 {
+		if got := sim.share(s.arm, k); got < 1-1.0/float64(cfg.ProbeEvery)-0.01 {
 			t.Errorf("%s: exploited arm ran %.3f of the last steps", tc.name, got)
 		}
 		for a := armSpec; a < sim.c.arms; a++ {
@@ -318,9 +323,9 @@ func TestSpecCtlTreeBudget(t *testing.T) {
 	// Per load: at 1 in flight verification is cheap, at 8 dear.
 	sim := newCtlSim(cfg, func(n, arm int) float64 {
 		if n < 5 {
-			return costs(0.004, 0.004)(n, arm)
+			return costs(0.002, 0.002)(n, arm)
 		}
-		return costs(0.1, 0.05)(n, arm)
+		return costs(0.15, 0.05)(n, arm)
 	})
 	sim.c = newSpecCtl(cfg, ladder)
 	sim.steps(1, 60*cfg.Window)

@@ -30,11 +30,12 @@ import (
 //
 // For a proposer of trees (spec.TreeShaper: Medusa, EAGLE) the spec arm
 // is a ladder of tree budgets (treeLadder: the full tree, half and a
-// quarter of its nodes, chains), each an arm of its own: the controller
-// explores every rung against plain, exploits the arm that realises the
-// most tokens/s at each load, and its probes visit plain and the rungs
-// next to the exploited one, so the tree shrinks as the load makes
-// verifying nodes dear and grows back when it gets cheap.
+// quarter of its nodes, chains), each an arm of its own: exploring a
+// load, the controller climbs the ladder from its cheapest rung, each
+// against plain, for as long as the rungs get better; it exploits the
+// arm that realises the most tokens/s, and its probes visit plain and
+// the rungs next to the exploited one, so the tree shrinks as the load
+// makes verifying nodes dear and grows back when it gets cheap.
 type SpecControl struct {
 	Off        bool          // no controller: the cost model alone decides (as before)
 	Window     int           // measured steps per window; 0 = 24
@@ -66,16 +67,19 @@ type treeBudget struct{ nodes, topK, depth int }
 
 // treeLadder is what the controller chooses from for a proposer whose
 // largest tree has nodes nodes, topK children per node and depth levels:
-// the full tree, half of its nodes, a quarter one level shallower, and
-// chains (top-1) of the full and half depth, biggest first. Verifying a
-// node costs a row of the target's pass, and drafting a level costs the
-// proposer a pass over topK rows (EAGLE), so which pays depends on the
-// machine and the load, and is measured, not modelled. No rung asks
+// the full tree; half its nodes at half the width; a quarter of them at
+// a quarter of the width, one level shallower; chains (top-1) of the
+// full and half depth; dearest first. Verifying a node costs a row of the
+// target's pass, and drafting a level costs the proposer a pass over
+// topK rows (EAGLE), so which pays depends on the machine and the load,
+// and is measured, not modelled. Narrowing a tree with its node count
+// keeps the nodes deep: on the KJV model a 4-node tree of top-4 levels
+// accepted 2.5 tokens per verification, a 5-node chain 4.1. No rung asks
 // for a deeper or wider tree than its nodes can fill.
 func treeLadder(nodes, topK, depth int) []treeBudget {
 	h := (depth + 1) / 2
-	cand := []treeBudget{{nodes, topK, depth}, {nodes / 2, topK, depth}, {nodes / 4, topK, max(1, depth-1)},
-		{min(nodes, depth), 1, depth}, {min(nodes, h), 1, h}}
+	cand := []treeBudget{{nodes, topK, depth}, {nodes / 2, (topK + 1) / 2, depth},
+		{nodes / 4, (topK + 3) / 4, max(1, depth-1)}, {min(nodes, depth), 1, depth}, {min(nodes, h), 1, h}}
 	var l []treeBudget
 	for _, b := range cand {
 		b.depth, b.topK = min(b.depth, b.nodes), min(b.topK, b.nodes)
@@ -85,9 +89,17 @@ func treeLadder(nodes, topK, depth int) []treeBudget {
 		l = append(l, b)
 	}
 	slices.SortStableFunc(l, func(a, b treeBudget) int {
-		return cmp.Or(b.nodes-a.nodes, b.topK-a.topK, b.depth-a.depth)
+		return cmp.Or(b.rows()-a.rows(), b.nodes-a.nodes, b.topK-a.topK, b.depth-a.depth)
 	})
 	return l[:min(len(l), ctlRungs)]
+}
+
+// rows is what a rung costs, roughly: the nodes verified plus the rows an
+// EAGLE-2 proposal runs (the root and topK per further level). The
+// ladder is ordered by it, dearest first, so that neighbouring rungs
+// differ a little in cost and the controller can climb it.
+func (b treeBudget) rows() int {
+	return b.nodes + b.topK*(b.depth-1) + 1
 }
 
 // ladderFor is the tree ladder for proposer p drafting at most nodes
@@ -170,7 +182,12 @@ type ctlState struct {
 	// on the other's own estimate against plain.
 	ratio   [ctlArms]float64
 	samples [ctlArms]int
-	probes  uint64    // probe windows started: their rotation
+	probes  uint64 // probe windows started: their rotation
+	// Exploration climbs the ladder from its cheapest rung: up is how
+	// many rungs above it the rung being explored is, and climbed that
+	// the climb has stopped.
+	up      int
+	climbed bool
 	prev    [2]ctlWin // the last two completed windows, newest first
 	arm     int       // the arm exploited
 	win     int       // the arm of the window in progress
@@ -229,46 +246,63 @@ func (c *specCtl) choose(n int, now time.Time) int {
 	return s.win
 }
 
-// exploring reports whether some arm is not yet measured enough to be
-// compared: plain and the spec arms together need ctlMinWindows windows
-// each, and every spec arm a ratio sample.
+// ctlClimbFloor: exploration tries dearer rungs of the ladder only while
+// the cheapest realises at least this fraction of plain's tokens/s (the
+// probes still look one rung further).
+const ctlClimbFloor = 0.9
+
+// exploring reports whether the bucket is still exploring: plain and the
+// spec arms together need ctlMinWindows windows each, and the climb up
+// the ladder must have stopped.
 func (c *specCtl) exploring(s *ctlState) bool {
 	spec := 0
 	for a := armSpec; a < c.arms; a++ {
-		if s.samples[a] == 0 {
-			return true
-		}
 		spec += s.wins[a]
 	}
-	return s.wins[armPlain] < ctlMinWindows || spec < ctlMinWindows
+	return s.wins[armPlain] < ctlMinWindows || spec < ctlMinWindows || !s.climbed
 }
 
 // explore is the arm of the next window while exploring: plain after a
-// spec window, else the spec arm least measured (fewest samples, then
-// windows; the largest tree first). Each spec window thus sits between
-// two plain ones, the bracket its ratio sample needs.
+// spec window, else the rung being explored. Each spec window thus sits
+// between two plain ones, the bracket its ratio sample needs. Without a
+// ladder this alternates spec and plain.
 func (c *specCtl) explore(s *ctlState) int {
 	if s.n > 1 && s.win != armPlain {
 		return armPlain
 	}
-	best := armSpec
-	for a := armSpec + 1; a < c.arms; a++ {
-		if s.samples[a] < s.samples[best] || (s.samples[a] == s.samples[best] && s.wins[a] < s.wins[best]) {
-			best = a
-		}
-	}
-	return best
+	return c.arms - 1 - s.up
 }
 
-// bestSpec is the spec arm with the highest ratio to plain.
+// climb decides, after a sample of the rung being explored, whether
+// exploration goes on to the next dearer rung: only while this one is
+// not worse than a cheaper one by Margin, and the cheapest is within
+// ctlClimbFloor of plain. A load where even the cheapest rung loses
+// clearly thus explores no more than the controller without a ladder.
+func (c *specCtl) climb(s *ctlState, a int) {
+	if s.climbed || a != c.arms-1-s.up || s.samples[a] == 0 {
+		return
+	}
+	worse := a == c.arms-1 && s.ratio[a] < math.Log(ctlClimbFloor)
+	for b := a + 1; b < c.arms; b++ {
+		worse = worse || s.ratio[a] < s.ratio[b]-math.Log(1+c.cfg.Margin)
+	}
+	if worse || a == armSpec {
+		s.climbed = true
+		return
+	}
+	s.up++
+}
+
+// bestSpec is the measured spec arm with the highest ratio to plain
+// (armSpec while none is measured).
 func (c *specCtl) bestSpec(s *ctlState) int {
-	best := armSpec
-	for a := armSpec + 1; a < c.arms; a++ {
-		if s.ratio[a] > s.ratio[best] {
+	best := -1
+	for a := armSpec; a < c.arms; a++ {
+		if s.samples[a] > 0 && (best < 0 || s.ratio[a] > s.ratio[best]) {
 			best = a
 		}
 	}
-	return best
+	return max(best, armSpec)
 }
 
 // probeArm is the arm of a probe window: in turn, the arms next to the
@@ -297,8 +331,9 @@ func (c *specCtl) probeArm(s *ctlState) int {
 }
 
 // sample records lr, the log of a window of arm mid over the geometric
-// mean of the windows of arm out either side of it.
-func (s *ctlState) sample(mid, out int, lr float64) {
+// mean of the windows of arm out either side of it; it returns the arm
+// whose ratio it moved (-1: none).
+func (s *ctlState) sample(mid, out int, lr float64) int {
 	a, v := mid, lr
 	switch {
 	case out == armPlain:
@@ -307,7 +342,7 @@ func (s *ctlState) sample(mid, out int, lr float64) {
 	case s.samples[out] > 0:
 		v = s.ratio[out] + lr
 	default:
-		return
+		return -1
 	}
 	if s.samples[a] == 0 {
 		s.ratio[a] = v
@@ -315,6 +350,7 @@ func (s *ctlState) sample(mid, out int, lr float64) {
 		s.ratio[a] += ctlBeta * (v - s.ratio[a])
 	}
 	s.samples[a]++
+	return a
 }
 
 // observe records a step that decoded n sequences with arm: it committed
@@ -345,7 +381,8 @@ func (c *specCtl) observe(n, arm, tokens int, seconds float64) {
 	s.wins[arm]++
 	w, p := ctlWin{s.n, arm, r}, s.prev
 	if p[0].n+1 == w.n && p[1].n+2 == w.n && p[1].arm == arm && p[0].arm != arm && r > 0 && p[0].rate > 0 && p[1].rate > 0 {
-		s.sample(p[0].arm, arm, math.Log(p[0].rate)-(math.Log(p[1].rate)+math.Log(r))/2)
+		a := s.sample(p[0].arm, arm, math.Log(p[0].rate)-(math.Log(p[1].rate)+math.Log(r))/2)
+		c.climb(s, a)
 	}
 	s.prev = [2]ctlWin{w, p[0]}
 	if !c.exploring(s) {
