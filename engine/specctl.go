@@ -249,7 +249,7 @@ func (c *specCtl) choose(n int, now time.Time) int {
 // ctlClimbFloor: exploration tries dearer rungs of the ladder only while
 // the cheapest realises at least this fraction of plain's tokens/s (the
 // probes still look one rung further).
-const ctlClimbFloor = 0.9
+const ctlClimbFloor = 0.8
 
 // exploring reports whether the bucket is still exploring: plain and the
 // spec arms together need ctlMinWindows windows each, and the climb up
@@ -419,17 +419,21 @@ func (c *specCtl) budget(arm int) treeBudget {
 	return c.ladder[arm-armSpec]
 }
 
-// mixedArm is the spec arm of a step that also forwards prompt tokens
-// (not measured): the best spec arm measured at its load.
+// mixedArm is the arm of a step that also forwards prompt tokens (not
+// measured). Without a ladder it speculates, and the cost model sizes
+// the drafts; with one it is the arm exploited at its load, plain while
+// that is still being explored, so that a load where plain pays does
+// not draft a tree per decoding sequence in every step that starts a
+// request.
 func (c *specCtl) mixedArm(n int) int {
-	if n == 0 {
+	if n == 0 || len(c.ladder) == 0 {
 		return armSpec
 	}
 	s := &c.b[ctlBucket(n)]
-	if s.arm != armPlain {
-		return s.arm
+	if c.exploring(s) {
+		return armPlain
 	}
-	return c.bestSpec(s)
+	return s.arm
 }
 
 // ctlStep is the step whose wall time the engine measures for the
