@@ -142,16 +142,23 @@ func TestSpecCtlRateChange(t *testing.T) {
 }
 
 // TestSpecCtlNeverStarves: whatever the rates, each arm runs at least one
-// window in ProbeEvery, and a bucket not seen for Stale explores afresh.
+// window in ProbeEvery (in ProbeEvery·ctlBackoff when speculation
+// realises under ctlBackoffBelow of plain), and a bucket not seen for
+// Stale explores afresh.
 func TestSpecCtlNeverStarves(t *testing.T) {
 	cfg := SpecControl{Window: 5, ProbeEvery: 8, Stale: time.Minute}
-	for _, r := range [][2]float64{{100, 1000}, {1000, 100}} {
+	for _, r := range [][2]float64{{100, 1000}, {1000, 100}, {1000, 650}} {
 		sim := newCtlSim(cfg, func(_, arm int) float64 { return r[arm] })
-		k := 80 * cfg.Window
+		k := 160 * cfg.Window
 		sim.steps(3, k)
 		for arm := range 2 {
-			if got := sim.share(arm, k); got < 1.0/8 {
-				t.Errorf("rates %v: %s ran %.3f of the steps", r, armNames[arm], got)
+			want, most := 1.0/8, 1.0
+			if arm == armSpec && r[armSpec] < ctlBackoffBelow*r[armPlain] {
+				want /= ctlBackoff
+				most = want + 2.0/160 // and exploration's two windows
+			}
+			if got := sim.share(arm, k); got < want || got > most {
+				t.Errorf("rates %v: %s ran %.3f of the steps, want %.3f to %.3f", r, armNames[arm], got, want, most)
 			}
 		}
 		exploited := sim.c.b[ctlBucket(3)].arm
