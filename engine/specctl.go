@@ -417,7 +417,7 @@ func (c *specCtl) observe(n, arm, tokens int, seconds float64) {
 func (c *specCtl) decide(s *ctlState) {
 	m := math.Log(1 + c.cfg.Margin)
 	best := c.bestSpec(s)
-	if s.arm != armPlain && s.ratio[best] < s.ratio[s.arm]+m {
+	if s.arm != armPlain && s.samples[s.arm] > 0 && s.ratio[best] < s.ratio[s.arm]+m {
 		best = s.arm
 	}
 	enter := 1 + c.cfg.Margin
