@@ -310,8 +310,9 @@ func (c *specCtl) bestSpec(s *ctlState) int {
 // times rarer. Verifying trees at 8 in flight on the KJV model realised
 // half of plain, so a probe window costs two plain ones: probing one
 // window in ProbeEvery (8) costs about 11% of plain's throughput, and
-// the issue asks for never slower than plain there. A load whose spec arm is within the threshold keeps
-// probing at the full rate, so a change in the machine is seen as soon.
+// the issue asks for never slower than plain there. A load whose spec
+// arm is within the threshold keeps probing at the full rate, so a
+// change in the machine is seen as soon.
 const (
 	ctlBackoff      = 4
 	ctlBackoffBelow = 0.6
