@@ -173,23 +173,12 @@ func (d *Draft) forward(p *pass, w *weights, pos, ctx, par []int32, ck, cv, tk, 
 	s, n := d.Shape, p.n
 	dd, qd, kvd := s.D, s.Heads*s.HeadDim, s.KVHeads*s.HeadDim
 	pool := d.pool
-	w.mul(pool, mFC, p.x, p.xin, w.fc, n, 2*dd, dd)
-	for i := range n {
-		row := p.x[i*dd : (i+1)*dd]
-		for j, b := range w.fcb {
-			row[j] += b
-		}
-	}
+	d.kvRows(p, w, pos, n)
 	w.mul(pool, mQ, p.q, p.x, w.q, n, dd, qd)
-	w.mul(pool, mK, p.k, p.x, w.k, n, dd, kvd)
-	w.mul(pool, mV, p.v, p.x, w.v, n, dd, kvd)
 	hd := s.HeadDim
 	for i := range n {
 		for h := range s.Heads {
 			d.rope(p.q[i*qd+h*hd:i*qd+(h+1)*hd], int(pos[i]), false)
-		}
-		for h := range s.KVHeads {
-			d.rope(p.k[i*kvd+h*hd:i*kvd+(h+1)*hd], int(pos[i]), false)
 		}
 	}
 	if &tk[0] != &p.k[0] {
@@ -231,6 +220,29 @@ func (d *Draft) forward(p *pass, w *weights, pos, ctx, par []int32, ck, cv, tk, 
 	w.mul(pool, mDown, p.out, p.a, w.down, n, f, dd)
 	for i := range p.out[:n*dd] {
 		p.out[i] += p.h1[i]
+	}
+}
+
+// kvRows computes the layer input p.x (the FC of xin) and the rotated K
+// and V rows p.k, p.v of the pass's first n rows: all that a position
+// leaves for later ones to attend. The layer has no input norm, so they
+// need nothing else of the row.
+func (d *Draft) kvRows(p *pass, w *weights, pos []int32, n int) {
+	s := d.Shape
+	dd, kvd, hd := s.D, s.KVHeads*s.HeadDim, s.HeadDim
+	w.mul(d.pool, mFC, p.x, p.xin, w.fc, n, 2*dd, dd)
+	for i := range n {
+		row := p.x[i*dd : (i+1)*dd]
+		for j, b := range w.fcb {
+			row[j] += b
+		}
+	}
+	w.mul(d.pool, mK, p.k, p.x, w.k, n, dd, kvd)
+	w.mul(d.pool, mV, p.v, p.x, w.v, n, dd, kvd)
+	for i := range n {
+		for h := range s.KVHeads {
+			d.rope(p.k[i*kvd+h*hd:i*kvd+(h+1)*hd], int(pos[i]), false)
+		}
 	}
 }
 

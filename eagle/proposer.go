@@ -99,6 +99,9 @@ func (d *Draft) Proposer(o ProposerOptions) *Proposer {
 		logits: make([]float32, max(1, o.TopK)*s.Vocab), top: make([]cand, 0, o.TopK)}
 }
 
+// TreeShape is the widest and deepest tree it grows: TopK and Depth.
+func (p *Proposer) TreeShape() (topK, depth int) { return p.o.TopK, p.o.Depth }
+
 // FeatureDim is the target's NEmbd.
 func (p *Proposer) FeatureDim() int { return p.d.Shape.D }
 
@@ -189,11 +192,24 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 			copy(in[dd:], st.feat[j*dd:(j+1)*dd])
 		}
 		st.k, st.v = growKeep(st.k, end*kvd), growKeep(st.v, end*kvd)
-		d.forward(&p.p, &p.w, p.pos, p.ctx, p.par, st.k, st.v, p.p.k, p.p.v, 0)
-		copy(st.k[from*kvd:], p.p.k[:n*kvd])
-		copy(st.v[from*kvd:], p.p.v[:n*kvd])
+		if n > 1 {
+			// Only the last row's output is read (the tree grows from
+			// it); the rows before it leave just their K/V, which the
+			// layer computes from its input alone: the rest of a row
+			// (attention, MLP) is three quarters of its cost.
+			d.kvRows(&p.p, &p.w, p.pos, n-1)
+			copy(st.k[from*kvd:], p.p.k[:(n-1)*kvd])
+			copy(st.v[from*kvd:], p.p.v[:(n-1)*kvd])
+			copy(p.p.xin[:2*dd], p.p.xin[(n-1)*2*dd:n*2*dd])
+			from, n = end-1, 1
+			p.p.size(s, 1)
+			p.pos[0], p.ctx[0], p.par[0] = int32(from), int32(from), -1
+		}
+		d.forward(&p.p, &p.w, p.pos[:1], p.ctx[:1], p.par[:1], st.k, st.v, p.p.k, p.p.v, 0)
+		copy(st.k[from*kvd:], p.p.k[:kvd])
+		copy(st.v[from*kvd:], p.p.v[:kvd])
 		st.n = end
-		st.last = append(st.last[:0], p.p.out[(n-1)*dd:n*dd]...)
+		st.last = append(st.last[:0], p.p.out[:dd]...)
 		st.ok = true
 	}
 	if st.n != len(r.Tokens)-1 {
@@ -205,16 +221,22 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 // grow builds the request's EAGLE-2 tree from st's last output.
 func (p *Proposer) grow(r *spec.Req, st *seqState) error {
 	d, s := p.d, p.d.Shape
-	dd, K := s.D, p.o.TopK
+	dd, K, D := s.D, p.o.TopK, p.o.Depth
+	if r.TopK > 0 {
+		K = min(K, r.TopK)
+	}
+	if r.Depth > 0 {
+		D = min(D, r.Depth)
+	}
 	p.nodes = p.nodes[:0]
 	p.front = p.front[:0]
 	p.head(st.last, 1)
-	for _, c := range p.topk(p.logits[:s.Vocab]) {
+	for _, c := range p.topk(p.logits[:s.Vocab], K) {
 		p.front = append(p.front, int32(len(p.nodes)))
 		p.nodes = append(p.nodes, node{tok: c.tok, parent: -1, depth: 1, value: c.lp, src: -1, row: -1})
 	}
 	rows := 0
-	for depth := 1; depth < p.o.Depth && len(p.front) > 0; depth++ {
+	for depth := 1; depth < D && len(p.front) > 0; depth++ {
 		n := len(p.front)
 		p.p.size(s, n)
 		p.pos, p.ctx = growI(p.pos, n), growI(p.ctx, n)
@@ -241,7 +263,7 @@ func (p *Proposer) grow(r *spec.Req, st *seqState) error {
 		p.head(p.p.out, n)
 		p.nxt = p.nxt[:0]
 		for i, ni := range p.front {
-			for _, c := range p.topk(p.logits[i*s.Vocab : (i+1)*s.Vocab]) {
+			for _, c := range p.topk(p.logits[i*s.Vocab:(i+1)*s.Vocab], K) {
 				p.nxt = append(p.nxt, int32(len(p.nodes)))
 				p.nodes = append(p.nodes, node{tok: c.tok, parent: ni, depth: int32(depth + 1),
 					value: p.nodes[ni].value + c.lp, src: int32(rows + i), row: -1})
@@ -319,10 +341,10 @@ func (p *Proposer) head(x []float32, n int) {
 	kernels.MatMul(p.d.pool, p.d.target.W.Output, x[:n*s.D], p.logits[:n*s.Vocab], n)
 }
 
-// topk is the TopK tokens of a logits row with their log-probabilities,
-// most likely first; it reuses p.top and leaves row softmaxed.
-func (p *Proposer) topk(row []float32) []cand {
-	K := p.o.TopK
+// topk is the K most likely tokens of a logits row with their
+// log-probabilities, most likely first; it reuses p.top and leaves row
+// softmaxed.
+func (p *Proposer) topk(row []float32, K int) []cand {
 	top := p.top[:0]
 	for t, v := range row {
 		if len(top) == K && float64(v) <= top[K-1].lp {
@@ -358,4 +380,7 @@ func growKeep(s []float32, n int) []float32 {
 	return t
 }
 
-var _ spec.FeatureProposer = (*Proposer)(nil)
+var (
+	_ spec.FeatureProposer = (*Proposer)(nil)
+	_ spec.TreeShaper      = (*Proposer)(nil)
+)

@@ -127,3 +127,43 @@ func TestProposerTree(t *testing.T) {
 		t.Error("features that are not whole rows were accepted")
 	}
 }
+
+// TestProposerShape: a request's TopK and Depth shrink the tree (the
+// engine's controller picks them per load): TopK 1 drafts a chain of
+// Depth nodes, the top path of the full tree's root; the full shape is
+// the proposer's own tree.
+func TestProposerShape(t *testing.T) {
+	d := randomDraft(t, 7)
+	dd := d.Shape.D
+	data := sampleOne(t, d.target, 30, 5)
+	seq, f := data.Seqs[0], data.Feats[0]
+	p := d.Proposer(ProposerOptions{TopK: 3, Depth: 4})
+	if k, dep := p.TreeShape(); k != 3 || dep != 4 {
+		t.Fatalf("TreeShape %d, %d", k, dep)
+	}
+	shaped := func(max, k, dep int) *spec.Req {
+		r := &spec.Req{ID: 1, Tokens: seq[:20], Max: max, Features: f[:19*dd], TopK: k, Depth: dep}
+		if err := d.Proposer(ProposerOptions{TopK: 3, Depth: 4}).Propose([]*spec.Req{r}); err != nil {
+			t.Fatal(err)
+		}
+		checkTree(t, r, max)
+		return r
+	}
+	full := shaped(64, 0, 0)
+	if same := shaped(64, 3, 4); fmt.Sprint(same.Draft, same.Parent) != fmt.Sprint(full.Draft, full.Parent) {
+		t.Errorf("the proposer's own shape asked explicitly: %v %v, else %v %v", same.Draft, same.Parent, full.Draft, full.Parent)
+	}
+	chain := shaped(64, 1, 3)
+	if !spec.Chain(chain.Parent) || len(chain.Draft) != 3 || chain.Draft[0] != full.Draft[0] {
+		t.Errorf("top-1, depth 3: %v %v (full tree's first node %d)", chain.Draft, chain.Parent, full.Draft[0])
+	}
+	small := shaped(64, 2, 2)
+	if len(small.Draft) != 2+2*2 {
+		t.Errorf("top-2, depth 2: %d nodes, want 6", len(small.Draft))
+	}
+	for i, par := range small.Parent {
+		if par >= 0 && small.Parent[par] >= 0 {
+			t.Errorf("top-2, depth 2: node %d at depth 3", i)
+		}
+	}
+}

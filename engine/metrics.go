@@ -27,6 +27,10 @@ type metrics struct {
 	specDrafts, specDraftTokens, specAccepted prometheus.Counter
 	specAcceptedPerPos                        *prometheus.CounterVec
 	specPos                                   []prometheus.Counter // specAcceptedPerPos by position
+	// specAccLen is the acceptance length of each verification, accepted
+	// drafts + 1 (vLLM's "mean acceptance length", 1 + accepted/drafts,
+	// as a distribution).
+	specAccLen prometheus.Histogram
 
 	// The speculation controller (specctl.go), Pagoda's own: the arm it
 	// exploits per load bucket (1 = speculate), its running estimate of
@@ -37,6 +41,10 @@ type metrics struct {
 	specCtlRate                   [ctlBuckets][2]prometheus.Gauge
 	specCtlSteps                  [2]prometheus.Counter
 	specCtlProbes                 prometheus.Counter
+	// With a tree proposer: the tree budget exploited per load bucket,
+	// its nodes and depth (0 while plain decoding is exploited there).
+	specCtlTreeVec *prometheus.GaugeVec
+	specCtlTree    [ctlBuckets][2]prometheus.Gauge
 }
 
 // abortLabel is vLLM's finished_reason for a request that was cancelled
@@ -80,6 +88,29 @@ func newMetrics(reg *prometheus.Registry, modelName string, speculate bool, spec
 	m.slotsReserved = c("pagoda:kv_slots_reserved_total", "KV token slots allocated but empty (the unfilled tail of each sequence's last block), summed over engine steps.")
 	m.wasteRatio = g("pagoda:kv_waste_ratio", "Share of allocated KV slots holding no token, now.")
 	m.blocks = prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "pagoda:kv_blocks", Help: "KV blocks by state: used (referenced), free, cached (free but holding a reusable prefix).", ConstLabels: cl}, []string{"state"})
+	m.specMetrics(cl, c, h, specTokens)
+	if reg == nil {
+		return m, nil
+	}
+	cols := []prometheus.Collector{m.waiting, m.running, m.kvUsage, m.promptTokens, m.genTokens,
+		m.prefixQueries, m.prefixHits, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e,
+		m.slotsFilled, m.slotsReserved, m.wasteRatio, m.blocks}
+	if speculate {
+		cols = append(cols, m.specDrafts, m.specDraftTokens, m.specAccepted, m.specAcceptedPerPos,
+			m.specAccLen, m.specCtlTreeVec, m.specCtlArmVec, m.specCtlRateVec, m.specCtlSteps[armPlain], m.specCtlSteps[armSpec], m.specCtlProbes)
+	}
+	for _, col := range cols {
+		if err := reg.Register(col); err != nil {
+			return nil, fmt.Errorf("engine: registering metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// specMetrics makes the speculation metrics: vLLM's spec_decode_* and
+// the controller's.
+func (m *metrics) specMetrics(cl prometheus.Labels, c func(name, help string) prometheus.Counter,
+	h func(name, help string, buckets []float64) prometheus.Histogram, specTokens int) {
 	m.specDrafts = c("vllm:spec_decode_num_drafts", "Number of spec decoding drafts.")
 	m.specDraftTokens = c("vllm:spec_decode_num_draft_tokens", "Number of draft tokens.")
 	m.specAccepted = c("vllm:spec_decode_num_accepted_tokens", "Number of accepted tokens.")
@@ -89,6 +120,8 @@ func newMetrics(reg *prometheus.Registry, modelName string, speculate bool, spec
 	for i := range specTokens {
 		m.specPos = append(m.specPos, m.specAcceptedPerPos.WithLabelValues(fmt.Sprint(i)))
 	}
+	m.specAccLen = h("pagoda:spec_decode_acceptance_length", "Tokens per verification of a sequence's drafts: accepted drafts + 1.",
+		prometheus.LinearBuckets(1, 1, min(specTokens, MaxSpecTokens)+1))
 	m.specCtlArmVec = prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "pagoda:spec_ctl_arm", Help: "Speculation controller: the arm exploited at this load (decoding sequences per step), 1 = speculate, 0 = plain.", ConstLabels: cl,
 	}, []string{"batch"})
@@ -102,23 +135,15 @@ func newMetrics(reg *prometheus.Registry, modelName string, speculate bool, spec
 			m.specCtlRate[i][a] = m.specCtlRateVec.WithLabelValues(ctlBucketName(i), armNames[a])
 		}
 	}
+	m.specCtlTreeVec = prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "pagoda:spec_ctl_tree", Help: "Speculation controller, tree proposers: the tree budget exploited at this load (decoding sequences per step), its most nodes and depth; 0 while plain decoding is exploited.", ConstLabels: cl,
+	}, []string{"batch", "size"})
+	for i := range ctlBuckets {
+		for j, n := range []string{"nodes", "depth"} {
+			m.specCtlTree[i][j] = m.specCtlTreeVec.WithLabelValues(ctlBucketName(i), n)
+		}
+	}
 	m.specCtlSteps[armPlain] = c("pagoda:spec_ctl_plain_steps_total", "Speculation controller: measured steps run without speculation.")
 	m.specCtlSteps[armSpec] = c("pagoda:spec_ctl_spec_steps_total", "Speculation controller: measured steps run with speculation.")
 	m.specCtlProbes = c("pagoda:spec_ctl_probe_steps_total", "Speculation controller: measured steps of probe windows (the arm not exploited).")
-	if reg == nil {
-		return m, nil
-	}
-	cols := []prometheus.Collector{m.waiting, m.running, m.kvUsage, m.promptTokens, m.genTokens,
-		m.prefixQueries, m.prefixHits, m.preemptions, m.success, m.ttft, m.itl, m.tpot, m.e2e,
-		m.slotsFilled, m.slotsReserved, m.wasteRatio, m.blocks}
-	if speculate {
-		cols = append(cols, m.specDrafts, m.specDraftTokens, m.specAccepted, m.specAcceptedPerPos,
-			m.specCtlArmVec, m.specCtlRateVec, m.specCtlSteps[armPlain], m.specCtlSteps[armSpec], m.specCtlProbes)
-	}
-	for _, col := range cols {
-		if err := reg.Register(col); err != nil {
-			return nil, fmt.Errorf("engine: registering metrics: %w", err)
-		}
-	}
-	return m, nil
 }

@@ -22,7 +22,7 @@ type ctlSim struct {
 }
 
 func newCtlSim(cfg SpecControl, rate func(n, arm int) float64) *ctlSim {
-	return &ctlSim{c: newSpecCtl(cfg), now: time.Unix(1e9, 0), rate: rate}
+	return &ctlSim{c: newSpecCtl(cfg, nil), now: time.Unix(1e9, 0), rate: rate}
 }
 
 func (s *ctlSim) steps(n, k int) {
@@ -142,16 +142,23 @@ func TestSpecCtlRateChange(t *testing.T) {
 }
 
 // TestSpecCtlNeverStarves: whatever the rates, each arm runs at least one
-// window in ProbeEvery, and a bucket not seen for Stale explores afresh.
+// window in ProbeEvery (in ProbeEvery·ctlBackoff when speculation
+// realises under ctlBackoffBelow of plain), and a bucket not seen for
+// Stale explores afresh.
 func TestSpecCtlNeverStarves(t *testing.T) {
 	cfg := SpecControl{Window: 5, ProbeEvery: 8, Stale: time.Minute}
-	for _, r := range [][2]float64{{100, 1000}, {1000, 100}} {
+	for _, r := range [][2]float64{{100, 1000}, {1000, 100}, {1000, 650}} {
 		sim := newCtlSim(cfg, func(_, arm int) float64 { return r[arm] })
-		k := 80 * cfg.Window
+		k := 160 * cfg.Window
 		sim.steps(3, k)
 		for arm := range 2 {
-			if got := sim.share(arm, k); got < 1.0/8 {
-				t.Errorf("rates %v: %s ran %.3f of the steps", r, armNames[arm], got)
+			want, most := 1.0/8, 1.0
+			if arm == armSpec && r[armSpec] < ctlBackoffBelow*r[armPlain] {
+				want /= ctlBackoff
+				most = want + 2.0/160 // and exploration's two windows
+			}
+			if got := sim.share(arm, k); got < want || got > most {
+				t.Errorf("rates %v: %s ran %.3f of the steps, want %.3f to %.3f", r, armNames[arm], got, want, most)
 			}
 		}
 		exploited := sim.c.b[ctlBucket(3)].arm
@@ -189,7 +196,7 @@ func TestSpecCtlDrift(t *testing.T) {
 			want = armPlain
 		}
 		if b.arm != want || sim.share(want, 100*cfg.Window) < 0.75 {
-			t.Errorf("spec ×%.2f: exploits %s, ran it %.2f of the last steps (ratio %.3f)", gain, armNames[b.arm], sim.share(want, 100*cfg.Window), math.Exp(b.ratio))
+			t.Errorf("spec ×%.2f: exploits %s, ran it %.2f of the last steps (ratio %.3f)", gain, armNames[b.arm], sim.share(want, 100*cfg.Window), math.Exp(b.ratio[armSpec]))
 		}
 	}
 }
@@ -235,5 +242,102 @@ func TestSpecCtlIdentical(t *testing.T) {
 			}
 			t.Logf("seeded %v %s: measured steps plain %d, spec %d (probes %d); drafts %d", seeded, load, c.steps[armPlain], c.steps[armSpec], c.probes, e.Stats().SpecDrafts)
 		}
+	}
+}
+
+func TestSpecCtlTreeLadder(t *testing.T) {
+	for _, tc := range []struct {
+		nodes, topK, depth int
+		want               string
+	}{
+		{16, 4, 5, "[{16 4 5} {8 2 5} {5 1 5} {4 1 4} {3 1 3}]"},
+		{4, 4, 5, "[{4 4 4} {4 1 4} {3 1 3} {2 2 2} {1 1 1}]"},
+		{1, 4, 5, "[{1 1 1}]"},
+		{12, 10, 1, "[{12 10 1} {6 5 1} {3 3 1} {1 1 1}]"},
+		{64, 16, 16, "[{64 16 16} {32 8 16} {16 4 15} {16 1 16} {8 1 8}]"},
+	} {
+		if got := fmt.Sprint(treeLadder(tc.nodes, tc.topK, tc.depth)); got != tc.want {
+			t.Errorf("ladder of %d nodes, top-%d, depth %d: %s, want %s", tc.nodes, tc.topK, tc.depth, got, tc.want)
+		}
+	}
+}
+
+// TestSpecCtlTreeBudget: with injected step costs the controller finds,
+// per load, the rung of the tree ladder that yields the most tokens per
+// second: the largest tree when verifying a node is cheap, a chain when
+// it is dear, plain decoding when even a chain does not pay. Step costs
+// follow a linear model (a plain step t0, each verified node cv, each
+// drafted row cp) and tokens per step the rung's acceptance length.
+func TestSpecCtlTreeBudget(t *testing.T) {
+	ladder := treeLadder(16, 4, 5) // {16 4 5} {8 2 5} {5 1 5} {4 1 4} {3 1 3}
+	accLen := []float64{3.8, 3.3, 2.9, 2.5, 2.1}
+	cfg := SpecControl{Window: 6, ProbeEvery: 6}
+	costs := func(cv, cp float64) func(n, arm int) float64 {
+		return func(n, arm int) float64 {
+			if arm == armPlain {
+				return 100
+			}
+			b := ladder[arm-armSpec]
+			t := 1 + cv*float64(b.nodes) + cp*float64(b.topK*(b.depth-1)+1)
+			return 100 * accLen[arm-armSpec] / t
+		}
+	}
+	for _, tc := range []struct {
+		name   string
+		cv, cp float64
+		want   treeBudget // zero: plain
+		climb  int        // rungs exploration reaches
+	}{
+		{"cheap verification", 0.002, 0.002, ladder[0], 5},
+		{"dear verification", 0.15, 0.05, ladder[2], 4},
+		{"a chain does not pay", 0.4, 0.2, treeBudget{}, 1},
+	} {
+		sim := newCtlSim(cfg, costs(tc.cv, tc.cp))
+		sim.c = newSpecCtl(cfg, ladder)
+		// Exploration climbs from the cheapest rung, each spec window
+		// between plain ones, the cheapest twice: at most 2·rungs+2
+		// windows, fewer when the climb stops early.
+		s := &sim.c.b[0]
+		order := []int{armSpec + 4, armPlain, armSpec + 4, armPlain}
+		for a := armSpec + 3; a >= armSpec+5-tc.climb; a-- {
+			order = append(order, a, armPlain)
+		}
+		sim.steps(1, (2*len(ladder)+3)*cfg.Window)
+		for w, want := range order {
+			if got := sim.runs[w*cfg.Window]; got != want {
+				t.Fatalf("%s: exploration window %d ran arm %d, want %d (order %v)", tc.name, w, got, want, order)
+			}
+		}
+		if got := sim.runs[len(order)*cfg.Window]; got != s.arm {
+			t.Fatalf("%s: after %d exploration windows the next ran arm %d, want the exploited %d", tc.name, len(order), got, s.arm)
+		}
+		sim.steps(1, 120*cfg.Window)
+		if got := sim.c.budget(s.arm); got != tc.want {
+			t.Fatalf("%s: exploits %v (arm %d), want %v; log ratios %.3f", tc.name, got, s.arm, tc.want, s.ratio[:sim.c.arms])
+		}
+		k := 100 * cfg.Window
+		if got := sim.share(s.arm, k); got < 1-1.0/float64(cfg.ProbeEvery)-0.01 {
+			t.Errorf("%s: exploited arm ran %.3f of the last steps", tc.name, got)
+		}
+		for a := armSpec; a < sim.c.arms; a++ {
+			want := math.Log(costs(tc.cv, tc.cp)(1, a) / 100)
+			if sim.c.byArm[a] > uint64(3*cfg.Window) && math.Abs(s.ratio[a]-want) > 1e-9 {
+				t.Errorf("%s: arm %d log ratio %.4f, true %.4f", tc.name, a, s.ratio[a], want)
+			}
+		}
+		t.Logf("%s: %v, steps by arm %v, log ratios %.3f", tc.name, tc.want, sim.c.byArm[:sim.c.arms], s.ratio[:sim.c.arms])
+	}
+	// Per load: at 1 in flight verification is cheap, at 8 dear.
+	sim := newCtlSim(cfg, func(n, arm int) float64 {
+		if n < 5 {
+			return costs(0.002, 0.002)(n, arm)
+		}
+		return costs(0.15, 0.05)(n, arm)
+	})
+	sim.c = newSpecCtl(cfg, ladder)
+	sim.steps(1, 60*cfg.Window)
+	sim.steps(8, 60*cfg.Window)
+	if b1, b8 := sim.c.budget(sim.c.b[ctlBucket(1)].arm), sim.c.budget(sim.c.b[ctlBucket(8)].arm); b1 != ladder[0] || b8 != ladder[2] {
+		t.Errorf("per load: 1 in flight %v, 8 in flight %v; want %v and %v", b1, b8, ladder[0], ladder[2])
 	}
 }

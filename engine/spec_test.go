@@ -338,6 +338,22 @@ func TestSpecMetrics(t *testing.T) {
 	if fmt.Sprint(got) != fmt.Sprint(want) {
 		t.Fatalf("metrics %v, want %v", got, want)
 	}
+	// Acceptance length per verification: four of 4 tokens, one of 3.
+	for _, mf := range mfs {
+		if mf.GetName() != "pagoda:spec_decode_acceptance_length" {
+			continue
+		}
+		h := mf.GetMetric()[0].GetHistogram()
+		var cum []uint64
+		for _, b := range h.GetBucket() {
+			cum = append(cum, b.GetCumulativeCount())
+		}
+		if h.GetSampleCount() != 5 || h.GetSampleSum() != 19 || fmt.Sprint(cum) != "[0 0 1 5]" {
+			t.Fatalf("acceptance length: %d verifications, sum %g, cumulative buckets 1…4 %v", h.GetSampleCount(), h.GetSampleSum(), cum)
+		}
+		return
+	}
+	t.Fatal("no pagoda:spec_decode_acceptance_length")
 }
 
 // chiSquare is the two-sample homogeneity test of counts a and b over the

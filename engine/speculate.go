@@ -98,22 +98,32 @@ func (e *Engine) propose() {
 		return min(e.specTokens(r), r.maxTokens-c.nOut-1, e.maxLen-len(s.tokens))
 	})
 	if e.ctl == nil && !e.cfg.Spec.Fixed && !e.cfg.Spec.Control.Off {
-		e.ctl = newSpecCtl(e.cfg.Spec.Control)
+		e.ctl = newSpecCtl(e.cfg.Spec.Control, ladderFor(e.cfg.Spec.Proposer, e.trees, e.specMax))
 	}
+	var tb treeBudget // the controller's tree for this step (zero: none)
 	if e.ctl != nil {
 		n, mixed := sc.load()
 		if len(cands) == 0 {
 			n = 0 // nothing to decide: not measured
 		}
-		if e.ctlBegin(n, mixed) == armPlain {
+		arm := e.ctlBegin(n, mixed)
+		if arm == armPlain {
 			return
 		}
+		tb = e.ctl.budget(arm)
 	}
 	if len(cands) == 0 {
 		return
 	}
 	e.specSteps++
-	sc.draftSizes(cands, &e.cost, e.cfg.Spec.Fixed)
+	if tb.nodes > 0 {
+		// The controller measured this tree against plain at this load;
+		// the cost model's γ, a chain's, does not second-guess it.
+		for i := range cands {
+			cands[i].max = min(cands[i].max, tb.nodes)
+		}
+	}
+	sc.draftSizes(cands, &e.cost, e.cfg.Spec.Fixed || tb.nodes > 0)
 	reqs := e.specReqs[:0]
 	for _, d := range cands {
 		ss := d.seq.spec
@@ -125,7 +135,9 @@ func (e *Engine) propose() {
 			g = 1
 		}
 		r := d.seq.req
-		reqs = append(reqs, ss.ask(d.seq, g, e.draftSampler(r, &r.comps[d.seq.index], d.seq.index), e.feat.dim()))
+		q := ss.ask(d.seq, g, e.draftSampler(r, &r.comps[d.seq.index], d.seq.index), e.feat.dim())
+		q.TopK, q.Depth = tb.topK, tb.depth
+		reqs = append(reqs, q)
 	}
 	e.specReqs = reqs
 	if len(reqs) == 0 {

@@ -207,6 +207,7 @@ func (e *Engine) verify(w *scheduled, rows []float32, now time.Time) outcome {
 	e.m.specDrafts.Inc()
 	e.m.specDraftTokens.Add(float64(len(w.draft)))
 	e.m.specAccepted.Add(float64(accepted))
+	e.m.specAccLen.Observe(float64(accepted + 1))
 	for j := 0; j < accepted && j < len(e.m.specPos); j++ {
 		e.m.specPos[j].Inc()
 	}

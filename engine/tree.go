@@ -30,6 +30,7 @@ const maxPendingFeatures = 256
 func (ss *seqSpec) ask(s *sequence, max int, smp *sample.Sampler, dim int) *spec.Req {
 	q := &ss.req
 	q.ID, q.Tokens, q.Max, q.Sampler = s.id, s.tokens, max, smp
+	q.TopK, q.Depth = 0, 0
 	q.Draft, q.Probs, q.Parent = q.Draft[:0], q.Probs[:0], q.Parent[:0]
 	q.Features, q.FeatFrom = nil, 0
 	if dim > 0 {

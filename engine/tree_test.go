@@ -8,9 +8,11 @@ import (
 	"slices"
 	"testing"
 
+	"pagoda/eagle"
 	"pagoda/kvcache"
 	"pagoda/sample"
 	"pagoda/spec"
+	"pagoda/testutil"
 	"pagoda/tokenizer"
 )
 
@@ -348,6 +350,104 @@ func TestTreeStoriesGreedy(t *testing.T) {
 			if st.SpecAccepted < st.SpecDrafts || (load == "concurrent" && st.Preemptions == 0) || o.feats == 0 {
 				t.Errorf("%v %s: accepted %d in %d verifications, preemptions %d, feature rows %d", dt, load, st.SpecAccepted, st.SpecDrafts, st.Preemptions, o.feats)
 			}
+		}
+	}
+}
+
+// shapeRecorder is an EAGLE proposer that records the tree budgets it is
+// asked for and checks that each tree it returns keeps to them.
+type shapeRecorder struct {
+	*eagle.Proposer
+	seen map[[3]int]int // {Max, TopK, Depth} → proposals
+	bad  error
+}
+
+func (r *shapeRecorder) Propose(reqs []*spec.Req) error {
+	err := r.Proposer.Propose(reqs)
+	for _, q := range reqs {
+		if q.Max == 0 {
+			continue
+		}
+		r.seen[[3]int{q.Max, q.TopK, q.Depth}]++
+		depth, kids := make([]int, len(q.Draft)), map[int32]int{}
+		for i, p := range q.Parent {
+			depth[i] = 1
+			if p >= 0 {
+				depth[i] = depth[p] + 1
+			}
+			kids[p]++
+			if len(q.Draft) > q.Max || (q.Depth > 0 && depth[i] > q.Depth) || (q.TopK > 0 && kids[p] > q.TopK) {
+				r.bad = fmt.Errorf("a tree of %d nodes (parents %v) for max %d, top-%d, depth %d", len(q.Draft), q.Parent, q.Max, q.TopK, q.Depth)
+			}
+		}
+	}
+	return err
+}
+
+// TestTreeCtlEagleGreedy: stories260K with its trained EAGLE draft, the
+// controller switching windows every two steps so that it runs several
+// rungs of its tree ladder (the tree shrinking and growing from step to
+// step; which ones depends on the measured speeds): greedy output is token for token the output without
+// speculation, solo and batched, each tree keeps to the budget asked,
+// and no block leaks.
+func TestTreeCtlEagleGreedy(t *testing.T) {
+	m := openStories(t)
+	tok := m.Tokenizer()
+	d, err := eagle.Load("../models/stories260K.eagle.gguf", m, testutil.Shared(t, "models/gguf/stories260K.gguf"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(d.Close)
+	texts := []string{"Once upon a time", "The cat sat on the mat.", "Lily and Ben went to the park. They saw a big dog", "One day", "Tom had a red ball."}
+	var reqs []*Request
+	for i, s := range texts {
+		reqs = append(reqs, &Request{ID: fmt.Sprint(i), Prompt: tok.Encode(s, tokenizer.Options{AddSpecial: true}), MaxTokens: 60 + 8*i, IgnoreEOS: true})
+	}
+	plain := modelConfig(m)
+	plain.KVBlocks = 64
+	ep, err := New(m, tok, plain)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep.Start()
+	var want []result
+	for _, r := range reqs {
+		want = append(want, run(t, ep, r))
+	}
+	ep.Stop(context.Background())
+	for _, load := range []string{"solo", "concurrent"} {
+		rec := &shapeRecorder{Proposer: d.Proposer(eagle.ProposerOptions{TopK: 4, Depth: 5}), seen: map[[3]int]int{}}
+		cfg := modelConfig(m)
+		cfg.KVBlocks = 64
+		cfg.Spec = SpecConfig{Proposer: rec, Tokens: 16, Control: SpecControl{Window: 2, ProbeEvery: 2}}
+		e, err := New(m, tok, cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.Start()
+		got := runLoad(t, e, reqs, load)
+		e.Stop(context.Background())
+		for i := range reqs {
+			if fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
+				t.Fatalf("%s request %d: %v, without speculation %v", load, i, got[i].tokens, want[i].tokens)
+			}
+		}
+		mustNoLeak(t, e)
+		if rec.bad != nil {
+			t.Fatal(rec.bad)
+		}
+		c := e.ctl
+		rungs := 0
+		for a := armSpec; a < c.arms; a++ {
+			if c.byArm[a] > 0 {
+				rungs++
+			}
+		}
+		st := e.Stats()
+		t.Logf("%s: ladder %v, measured steps by arm %v; budgets asked %v; accepted %d of %d nodes in %d verifications",
+			load, c.ladder, c.byArm[:c.arms], rec.seen, st.SpecAccepted, st.SpecDraftTokens, st.SpecDrafts)
+		if len(c.ladder) != 5 || rungs < 2 || len(rec.seen) < 3 || st.SpecAccepted == 0 {
+			t.Errorf("%s: the controller ran %d rungs of %v, asked %d budgets, accepted %d", load, rungs, c.ladder, len(rec.seen), st.SpecAccepted)
 		}
 	}
 }

@@ -2,6 +2,7 @@ package medusa
 
 import (
 	"fmt"
+	"slices"
 
 	"pagoda/spec"
 )
@@ -27,6 +28,8 @@ type Proposer struct {
 	scr   *scratch
 	cand  [][]int32
 	need  []int
+	keep  []int32 // the tree's nodes a request gets, in order
+	remap []int32 // a tree node's index among them, or -1
 }
 
 // seqFeat is a sequence's newest feature: the hidden state at pos.
@@ -35,7 +38,10 @@ type seqFeat struct {
 	x   []float32
 }
 
-var _ spec.FeatureProposer = (*Proposer)(nil)
+var (
+	_ spec.FeatureProposer = (*Proposer)(nil)
+	_ spec.TreeShaper      = (*Proposer)(nil)
+)
 
 // Proposer makes a proposer drafting h's tree.
 func (h *Heads) Proposer(o ProposerOptions) *Proposer {
@@ -73,22 +79,48 @@ func (p *Proposer) Propose(reqs []*spec.Req) error {
 			copy(st.x, r.Features[(rows-1)*d:])
 			st.pos = r.FeatFrom + rows - 1
 		}
-		n := min(r.Max, p.tree.Len())
-		if st == nil || st.pos != len(r.Tokens)-2 || n <= 0 {
+		if st == nil || st.pos != len(r.Tokens)-2 || r.Max <= 0 {
 			continue
 		}
-		p.draft(r, st.x, n)
+		p.draft(r, st.x, p.shape(r))
 	}
 	return nil
 }
 
-// draft fills r with the first n nodes of the tree, computing only the
-// heads and ranks they read.
-func (p *Proposer) draft(r *spec.Req, x []float32, n int) {
+// shape picks the nodes request r gets: the tree's first r.Max nodes of
+// depth at most r.Depth and rank below r.TopK (whose parents are in:
+// parents come first, so the kept nodes are a tree, in order).
+func (p *Proposer) shape(r *spec.Req) []int32 {
+	t := &p.tree
+	p.keep = p.keep[:0]
+	p.remap = slices.Grow(p.remap[:0], t.Len())[:t.Len()]
+	for i := 0; i < t.Len() && len(p.keep) < r.Max; i++ {
+		p.remap[i] = -1
+		par := t.Parent[i]
+		if (r.Depth > 0 && t.Depth(i) > r.Depth) || (r.TopK > 0 && int(t.Rank[i]) >= r.TopK) || (par >= 0 && p.remap[par] < 0) {
+			continue
+		}
+		p.remap[i] = int32(len(p.keep))
+		p.keep = append(p.keep, int32(i))
+	}
+	return p.keep
+}
+
+// TreeShape is the tree's widest rank and depth.
+func (p *Proposer) TreeShape() (topK, depth int) {
+	for i := range p.tree.Len() {
+		topK, depth = max(topK, int(p.tree.Rank[i])+1), max(depth, p.tree.Depth(i))
+	}
+	return topK, depth
+}
+
+// draft fills r with the tree's nodes keep, computing only the heads and
+// ranks they read.
+func (p *Proposer) draft(r *spec.Req, x []float32, keep []int32) {
 	h, t := p.h, &p.tree
 	clear(p.need)
-	for i := range n {
-		k := t.Depth(i) - 1
+	for _, i := range keep {
+		k := t.Depth(int(i)) - 1
 		p.need[k] = max(p.need[k], int(t.Rank[i])+1)
 	}
 	for k, nr := range p.need {
@@ -99,9 +131,13 @@ func (p *Proposer) draft(r *spec.Req, x []float32, n int) {
 		h.logits(k, p.scr.r, p.scr.logits)
 		topKIdx(p.scr.logits, p.cand[k][:nr])
 	}
-	for i := range n {
-		r.Draft = append(r.Draft, p.cand[t.Depth(i)-1][t.Rank[i]])
-		r.Parent = append(r.Parent, t.Parent[i])
+	for _, i := range keep {
+		par := t.Parent[i]
+		if par >= 0 {
+			par = p.remap[par]
+		}
+		r.Draft = append(r.Draft, p.cand[t.Depth(int(i))-1][t.Rank[i]])
+		r.Parent = append(r.Parent, par)
 	}
 }
 

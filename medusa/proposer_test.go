@@ -1,6 +1,7 @@
 package medusa
 
 import (
+	"fmt"
 	"testing"
 
 	"pagoda/model"
@@ -186,5 +187,63 @@ func TestProposerState(t *testing.T) {
 	r.Features = feats[:5]
 	if err := p.Propose([]*spec.Req{r}); err == nil {
 		t.Error("features of the wrong width accepted")
+	}
+}
+
+// TestProposerShape: a request's TopK and Depth keep the tree's nodes of
+// rank below TopK and depth at most Depth (and whose parents are kept),
+// in the tree's order, re-indexed; TopK 1 is the top-rank chain.
+func TestProposerShape(t *testing.T) {
+	h := randHeads(t, 3, 4, 11, false, 9)
+	h.TopK, h.RankAcc = 4, []float64{0.5, 0.3, 0.1, 0.05, 0.4, 0.2, 0.1, 0.05, 0.3, 0.1, 0.1, 0.1}
+	var err error
+	if h.Tree, err = BuildTree(h.RankAcc, 3, 4, 20); err != nil {
+		t.Fatal(err)
+	}
+	p := h.Proposer(ProposerOptions{})
+	k, depth := p.TreeShape()
+	if k < 2 || depth != 3 {
+		t.Fatalf("TreeShape %d, %d for a 20-node tree of 3 heads", k, depth)
+	}
+	feats := []float32{1, 2, 3, 4, 0.5, -1, 2, 0}
+	propose := func(max, k, d int) *spec.Req {
+		r := &spec.Req{ID: 5, Tokens: []int32{1, 2, 3}, Max: max, Features: feats, TopK: k, Depth: d}
+		if err := p.Propose([]*spec.Req{r}); err != nil {
+			t.Fatal(err)
+		}
+		checkDraft(t, r, max)
+		return r
+	}
+	full := propose(100, 0, 0)
+	// The kept nodes by the tree's own test, mapped to tokens by path.
+	path := func(r *spec.Req, i int) string {
+		s := ""
+		for ; i >= 0; i = int(r.Parent[i]) {
+			s = fmt.Sprint(r.Draft[i], ".", s)
+		}
+		return s
+	}
+	for _, c := range [][3]int{{100, 1, 0}, {100, 2, 2}, {5, 0, 2}, {100, 0, 1}} {
+		r := propose(c[0], c[1], c[2])
+		var want []string
+		for i := range h.Tree.Len() {
+			ok := (c[1] == 0 || int(h.Tree.Rank[i]) < c[1]) && (c[2] == 0 || h.Tree.Depth(i) <= c[2])
+			for j := int(h.Tree.Parent[i]); ok && j >= 0; j = int(h.Tree.Parent[j]) {
+				ok = (c[1] == 0 || int(h.Tree.Rank[j]) < c[1]) && (c[2] == 0 || h.Tree.Depth(j) <= c[2])
+			}
+			if ok && len(want) < c[0] {
+				want = append(want, path(full, i))
+			}
+		}
+		var got []string
+		for i := range r.Draft {
+			got = append(got, path(r, i))
+		}
+		if fmt.Sprint(got) != fmt.Sprint(want) || len(got) == 0 {
+			t.Errorf("max %d, top-%d, depth %d: paths %v, want %v", c[0], c[1], c[2], got, want)
+		}
+		if c[1] == 1 && !spec.Chain(r.Parent) {
+			t.Errorf("top-1: not a chain: %v", r.Parent)
+		}
 	}
 }

@@ -42,6 +42,11 @@ type Req struct {
 	// one draw from the target picks at most one of them. Empty: a chain,
 	// node i following node i-1. Max bounds the nodes either way.
 	Parent []int32
+	// TopK and Depth, for a TreeShaper, shrink the tree this request
+	// gets: at most TopK children per node (its TopK most likely; 1
+	// makes a chain) and paths of at most Depth nodes. 0 leaves the
+	// proposer's own.
+	TopK, Depth int
 
 	// Features, for a FeatureProposer, are the target's final hidden
 	// states (after the output norm: the output head's input, NEmbd
@@ -57,6 +62,17 @@ type Req struct {
 	// drafts wanted. Read only, valid during the call.
 	Features []float32
 	FeatFrom int
+}
+
+// TreeShaper is a proposer of trees whose shape a request can shrink
+// below the proposer's own (Req.TopK, Req.Depth): the engine's
+// controller picks, per load, the tree that yields the most tokens per
+// second of step time.
+type TreeShaper interface {
+	Proposer
+	// TreeShape is the widest and deepest tree it drafts: the most
+	// children of a node and the longest path.
+	TreeShape() (topK, depth int)
 }
 
 // FeatureProposer is a proposer that predicts from the target's own

@@ -38,15 +38,15 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&f.method, "spec-method", "", "speculative decoding: ngram (prompt lookup), draft, medusa or eagle (default: draft with --draft, else off)")
 	fs.StringVar(&f.heads, "heads", "", "medusa/eagle: the heads' side file trained for this model (pagoda heads train), or a published checkpoint (medusa_lm_head.safetensors, an EAGLE safetensors directory)")
 	fs.IntVar(&f.headsNodes, "spec-tree-nodes", 0, "medusa: the static tree's nodes used (0 = all the side file holds); the engine's cost model bounds them per step by --spec-tokens")
-	fs.IntVar(&f.headsTopK, "spec-tree-topk", 4, "eagle: children per expanded node and nodes expanded per level")
-	fs.IntVar(&f.headsDepth, "spec-tree-depth", 5, "eagle: the tree's depth")
+	fs.IntVar(&f.headsTopK, "spec-tree-topk", 4, "eagle: children per expanded node and nodes expanded per level (the most: under --spec-control the engine picks a narrower tree per load when it pays)")
+	fs.IntVar(&f.headsDepth, "spec-tree-depth", 5, "eagle: the tree's depth (the most: under --spec-control the engine picks a shallower tree per load when it pays)")
 	fs.StringVar(&f.method, "spec", "", "same as --spec-method")
 	fs.IntVar(&f.tokens, "spec-tokens", engine.DefaultSpecTokens, "most draft tokens verified per sequence and step")
 	fs.Float64Var(&f.pmin, "spec-p-min", 0, "draft model: stop drafting at a token the draft gives less probability than this")
 	fs.IntVar(&f.ngramMin, "spec-ngram-min", 2, "ngram: shortest suffix matched")
 	fs.IntVar(&f.ngramMax, "spec-ngram-max", 4, "ngram: longest suffix matched")
 	fs.BoolVar(&f.fixed, "spec-fixed", false, "always draft --spec-tokens (no adaptive length, no cost model deciding when it pays)")
-	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured by alternating (false: the cost model alone decides)")
+	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured by alternating; for medusa/eagle also pick the tree size per load from a ladder below --spec-tokens, --spec-tree-topk and --spec-tree-depth (false: the cost model alone decides)")
 }
 
 var specLimits = []limit{{"spec-tree-nodes", 0, engine.MaxSpecTokens}, {"spec-tree-topk", 1, 16}, {"spec-tree-depth", 1, 16}, {"spec-tokens", 1, engine.MaxSpecTokens}, {"spec-p-min", 0, 1}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}

@@ -55,6 +55,12 @@ var setups = map[string][]string{
 	"medusa-fixed": {"--spec-method", "medusa", "--spec-control=false", "--spec-fixed", "--spec-tokens", "16"},
 	"eagle":        {"--spec-method", "eagle"},
 	"eagle-fixed":  {"--spec-method", "eagle", "--spec-control=false", "--spec-fixed", "--spec-tokens", "16"},
+	// A fixed top-1 chain of --spec-tree-depth (5) nodes, the rung of the
+	// controller's tree ladder that cheap drafts and dear rows favour.
+	"eagle-chain": {"--spec-method", "eagle", "--spec-control=false", "--spec-fixed", "--spec-tokens", "5", "--spec-tree-topk", "1"},
+	// The controller choosing plain or a rung of the ladder below a
+	// 16-node tree per load.
+	"eagle-ladder": {"--spec-method", "eagle", "--spec-tokens", "16"},
 }
 
 func main() {
