@@ -64,6 +64,13 @@ type seqState struct {
 	nfeat int
 	k, v  []float32 // the draft's KV rows by position (n of them)
 	n     int
+	// lo is the first position the draft has: the features before it
+	// were never handed over (a prefix-cache hit computed them in
+	// another request), so the draft restarts there and attends its rows
+	// from lo on — rotary positions stay absolute, and attention sees
+	// relative ones, so the rows are what a sequence starting at lo would
+	// give.
+	lo int
 	last  []float32 // the draft's output at row n−1, when lastOK
 	ok    bool
 }
@@ -112,6 +119,10 @@ func (p *Proposer) Truncate(id int32, n int) {
 	if st == nil {
 		return
 	}
+	if n-1 < st.lo {
+		delete(p.seqs, id) // nothing left: the next features start it again
+		return
+	}
 	if n-1 < st.n {
 		st.n = max(0, n-1)
 		st.ok = false
@@ -158,10 +169,14 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 		return nil, fmt.Errorf("eagle: %d feature floats are not rows of %d", len(r.Features), dd)
 	}
 	if nf := len(r.Features) / dd; nf > 0 {
-		if r.FeatFrom < 0 || r.FeatFrom > st.nfeat {
-			// A gap: positions whose features were never handed over.
-			st.nfeat, st.n, st.ok = 0, 0, false
-			return nil, nil
+		if r.FeatFrom < 0 {
+			return nil, fmt.Errorf("eagle: features from position %d", r.FeatFrom)
+		}
+		if r.FeatFrom > st.nfeat || r.FeatFrom < st.lo {
+			// A gap: positions whose features were never handed over
+			// (a prefix-cache hit), or features from before the gap
+			// (a recompute after preemption). The draft restarts there.
+			st.lo, st.nfeat, st.n, st.ok = r.FeatFrom, r.FeatFrom, r.FeatFrom, false
 		}
 		st.nfeat = r.FeatFrom
 		if st.n > r.FeatFrom {
@@ -172,7 +187,7 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 		copy(st.feat[st.nfeat*dd:], r.Features)
 		st.nfeat += nf
 	}
-	if !st.ok && st.n > 0 {
+	if !st.ok && st.n > st.lo {
 		// The last row's KV is kept but not its output, which the tree
 		// grows from: run it again.
 		st.n--
@@ -184,7 +199,7 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 		p.pos, p.ctx, p.par = growI(p.pos, n), growI(p.ctx, n), growI(p.par, n)
 		for i := range n {
 			j := from + i
-			p.pos[i], p.ctx[i], p.par[i] = int32(j), int32(from), int32(i-1)
+			p.pos[i], p.ctx[i], p.par[i] = int32(j), int32(from-st.lo), int32(i-1)
 			in := p.p.xin[i*2*dd : (i+1)*2*dd]
 			if err := d.embed(r.Tokens[j+1], in[:dd]); err != nil {
 				return nil, err
@@ -203,9 +218,9 @@ func (p *Proposer) catchUp(r *spec.Req) (*seqState, error) {
 			copy(p.p.xin[:2*dd], p.p.xin[(n-1)*2*dd:n*2*dd])
 			from, n = end-1, 1
 			p.p.size(s, 1)
-			p.pos[0], p.ctx[0], p.par[0] = int32(from), int32(from), -1
+			p.pos[0], p.ctx[0], p.par[0] = int32(from), int32(from-st.lo), -1
 		}
-		d.forward(&p.p, &p.w, p.pos[:1], p.ctx[:1], p.par[:1], st.k, st.v, p.p.k, p.p.v, 0)
+		d.forward(&p.p, &p.w, p.pos[:1], p.ctx[:1], p.par[:1], st.k[st.lo*kvd:], st.v[st.lo*kvd:], p.p.k, p.p.v, 0)
 		copy(st.k[from*kvd:], p.p.k[:kvd])
 		copy(st.v[from*kvd:], p.p.v[:kvd])
 		st.n = end
@@ -242,7 +257,7 @@ func (p *Proposer) grow(r *spec.Req, st *seqState) error {
 		p.pos, p.ctx = growI(p.pos, n), growI(p.ctx, n)
 		for i, ni := range p.front {
 			nd := &p.nodes[ni]
-			p.pos[i], p.ctx[i] = int32(st.n+depth-1), int32(st.n)
+			p.pos[i], p.ctx[i] = int32(st.n+depth-1), int32(st.n-st.lo)
 			p.tpar[rows+i] = -1
 			if nd.parent >= 0 {
 				p.tpar[rows+i] = p.nodes[nd.parent].row
@@ -258,7 +273,8 @@ func (p *Proposer) grow(r *spec.Req, st *seqState) error {
 				copy(in[dd:], p.feats(nd.src))
 			}
 		}
-		d.forward(&p.p, &p.w, p.pos, p.ctx, p.tpar, st.k, st.v, p.tk, p.tv, rows)
+		kvd := s.KVHeads * s.HeadDim
+		d.forward(&p.p, &p.w, p.pos, p.ctx, p.tpar, st.k[st.lo*kvd:], st.v[st.lo*kvd:], p.tk, p.tv, rows)
 		p.keepOut(rows, n)
 		p.head(p.p.out, n)
 		p.nxt = p.nxt[:0]

@@ -118,10 +118,38 @@ func TestProposerTree(t *testing.T) {
 	if _, ok := q.seqs[1]; ok {
 		t.Error("Free kept the sequence's state")
 	}
-	// A gap in the features (the first call starts mid-sequence): no
-	// draft, no error.
-	if r := propose(t, q, 2, seq[:20], f[10*dd:19*dd], 10, 16); len(r.Draft) != 0 {
-		t.Errorf("drafted %v over missing features", r.Draft)
+	// A gap in the features (the first call starts mid-sequence, after a
+	// prefix-cache hit): the draft restarts at the gap, and drafts what it
+	// drafts for the sequence that starts there (attention sees relative
+	// positions only).
+	gap := propose(t, q, 2, seq[:20], f[10*dd:19*dd], 10, 16)
+	suffix := propose(t, d.Proposer(o), 2, seq[10:20], f[10*dd:19*dd], 0, 16)
+	if len(gap.Draft) == 0 || fmt.Sprint(gap.Draft, gap.Parent) != fmt.Sprint(suffix.Draft, suffix.Parent) {
+		t.Errorf("after a gap: %v %v; the suffix alone: %v %v", gap.Draft, gap.Parent, suffix.Draft, suffix.Parent)
+	}
+	checkTree(t, gap, 16)
+	// Decoding goes on after the gap: features of the new tokens only.
+	next := propose(t, q, 2, seq[:23], f[19*dd:22*dd], 19, 16)
+	nextSuffix := propose(t, d.Proposer(o), 2, seq[10:23], f[10*dd:22*dd], 0, 16)
+	if fmt.Sprint(next.Draft, next.Parent) != fmt.Sprint(nextSuffix.Draft, nextSuffix.Parent) {
+		t.Errorf("decoding after a gap: %v; the suffix alone: %v", next.Draft, nextSuffix.Draft)
+	}
+	// Truncated below the gap: nothing is left, and features from the
+	// start (a recompute after preemption) give a fresh proposer's tree.
+	freshAll := func(t *testing.T) *spec.Req { return propose(t, d.Proposer(o), 2, seq[:20], f[:19*dd], 0, 16) }
+	q.Truncate(2, 8)
+	if r := propose(t, q, 2, seq[:8], nil, 0, 16); len(r.Draft) != 0 {
+		t.Errorf("drafted %v with no features left", r.Draft)
+	}
+	// Features from before the gap without a truncation (a recompute from
+	// the start): the draft restarts from them.
+	propose(t, q, 4, seq[:20], f[10*dd:19*dd], 10, 16)
+	if r := propose(t, q, 4, seq[:20], f[:19*dd], 0, 16); fmt.Sprint(r.Draft, r.Parent) != fmt.Sprint(freshAll(t).Draft, freshAll(t).Parent) {
+		t.Errorf("features from the start after a gap: %v", r.Draft)
+	}
+	re := propose(t, q, 2, seq[:20], f[:19*dd], 0, 16)
+	if fresh2 := freshAll(t); fmt.Sprint(re.Draft, re.Parent) != fmt.Sprint(fresh2.Draft, fresh2.Parent) {
+		t.Errorf("refed from the start: %v; fresh: %v", re.Draft, fresh2.Draft)
 	}
 	if err := q.Propose([]*spec.Req{{ID: 3, Tokens: seq[:5], Max: 4, Features: f[:3]}}); err == nil {
 		t.Error("features that are not whole rows were accepted")
