@@ -70,9 +70,9 @@ type seqState struct {
 	// from lo on — rotary positions stay absolute, and attention sees
 	// relative ones, so the rows are what a sequence starting at lo would
 	// give.
-	lo int
-	last  []float32 // the draft's output at row n−1, when lastOK
-	ok    bool
+	lo   int
+	last []float32 // the draft's output at row n−1, when lastOK
+	ok   bool
 }
 
 // node is a generated draft token: its parent node (-1: the root), depth
