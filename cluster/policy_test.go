@@ -19,8 +19,9 @@ import (
 // TestPoliciesAcrossWorkers: H2O as the engine's policy, and Quest and
 // SnapKV chosen per request, run with their state on the workers'
 // storage — two tensor-parallel ranks (each rank's policies see its own
-// KV heads) or two pipeline stages in micro-batches (each stage's see
-// its own layers; Quest's dense first layer is the model's) — and the
+// KV heads), two pipeline stages in micro-batches (each stage's see its
+// own layers; Quest's dense first layer is the model's), or two stages of
+// two ranks each — and the
 // coordinator frees what every part evicted. Several sequences batched
 // give the single-process engine's greedy tokens, and every block comes
 // back at the end.
@@ -37,6 +38,20 @@ func TestPoliciesAcrossWorkers(t *testing.T) {
 		addrs := startWorkers(t, path, 2)
 		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=0", func(kc kvcache.Config) (executor.Executor, error) {
 			return Connect(addrs, GroupOptions{Model: &coord.Config, KV: kc, Threads: 1, Timeout: time.Minute})
+		})
+	})
+	t.Run("tensor×pipeline", func(t *testing.T) {
+		// Two stages of two ranks: a block dies only where all four
+		// workers' heads and layers evicted it.
+		path := testutil.Shared(t, "models/gguf/stories260K.gguf")
+		coord, err := OpenGridShape(path, 2, model.Options{Threads: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer coord.Close()
+		addrs := startWorkers(t, path, 4)
+		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=1", func(kc kvcache.Config) (executor.Executor, error) {
+			return ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: 2, Timeout: time.Minute, Tensor: 2})
 		})
 	})
 	t.Run("pipeline", func(t *testing.T) {
