@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"io"
@@ -25,6 +26,16 @@ type WorkerError struct {
 func (e *WorkerError) Error() string { return e.err.Error() }
 func (e *WorkerError) Unwrap() error { return e.err }
 
+// errReconnected refuses a step planned before Epoch reported the
+// reconnected group's new storage.
+var errReconnected = unavailable("worker group: reconnected with new, empty KV storage; a step planned for the old one is refused (call Epoch between steps)")
+
+// unavailable is an error HTTP clients see as a 503.
+type unavailable string
+
+func (e unavailable) Error() string   { return string(e) }
+func (e unavailable) HTTPStatus() int { return http.StatusServiceUnavailable }
+
 // broken is what a Supervisor runs: a Group or a Pipeline.
 type broken interface {
 	executor.Executor
@@ -42,10 +53,20 @@ type SuperviseOptions struct {
 	// Name is worker i's place in the group, for /health ("rank 1",
 	// "stage 0"); nil: "worker i".
 	Name func(i int) string
+	// What names the group in the errors the supervisor makes itself
+	// ("tensor parallel", "pipeline parallel"), as Connect's name it.
+	What string
 	// Spawned, when set, are the workers (started here) behind Addrs: one
 	// that has exited is started again before a reconnect, and one that
 	// exits breaks the group at once rather than at the next step.
 	Spawned *Spawned
+	// Probe, when positive, is how often the workers' addresses are
+	// dialled while the group serves (a connection closed before its
+	// hello, which a worker drops quietly): one that refuses breaks the
+	// group then, so /health tells of a worker that died between
+	// requests before a request fails on it. A worker that is stopped or
+	// hung still accepts; its next step times out.
+	Probe time.Duration
 	// Backoff is the first wait before reconnecting (0: 200ms); each
 	// failed attempt doubles it up to MaxBackoff (0: 5s).
 	Backoff, MaxBackoff time.Duration
@@ -99,12 +120,13 @@ func Supervise(o SuperviseOptions) (*Supervisor, error) {
 	if o.Name == nil {
 		o.Name = func(i int) string { return "worker " + strconv.Itoa(i) }
 	}
+	o.What = cmp.Or(o.What, "worker group")
 	x, err := o.Connect(o.Addrs)
 	if err != nil {
 		return nil, err
 	}
 	s := &Supervisor{o: o, addrs: append([]string(nil), o.Addrs...), cur: x.(broken), epoch: 1, stop: make(chan struct{})}
-	if o.Spawned != nil {
+	if o.Spawned != nil || o.Probe > 0 {
 		s.wg.Go(s.watch)
 	}
 	return s, nil
@@ -113,14 +135,18 @@ func Supervise(o SuperviseOptions) (*Supervisor, error) {
 // Execute runs the step on the group, or fails at once while it is down.
 func (s *Supervisor) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 	s.mu.Lock()
-	cur := s.cur
-	down := s.down
+	cur, ready, down := s.cur, s.ready, s.down
 	s.mu.Unlock()
-	if cur == nil {
-		if down == nil {
-			return executor.StepOutput{}, errors.New("worker group: closed")
-		}
+	switch {
+	case cur != nil:
+	case down != nil:
 		return executor.StepOutput{}, down
+	case ready != nil:
+		// Planned before Epoch reported the new storage: its block
+		// tables point into pages the new workers never wrote.
+		return executor.StepOutput{}, errReconnected
+	default:
+		return executor.StepOutput{}, errors.New(s.o.What + ": closed")
 	}
 	out, err := cur.Execute(in)
 	if err == nil {
@@ -156,7 +182,7 @@ func (s *Supervisor) Health() error {
 	case s.down != nil:
 		return s.down.clone()
 	}
-	return errors.New("worker group: closed")
+	return errors.New(s.o.What + ": closed")
 }
 
 // Counts are the supervisor's counters.
@@ -238,7 +264,7 @@ func (s *Supervisor) reconnect() {
 		wait = min(2*wait, s.o.MaxBackoff)
 		addrs, err := s.restartDead()
 		if err == nil {
-			err = probe(addrs)
+			err = probe(addrs, s.name)
 		}
 		var x executor.Executor
 		if err == nil {
@@ -286,26 +312,37 @@ func (s *Supervisor) restartDead() ([]string, error) {
 	return addrs, err
 }
 
-// watch breaks the group as soon as a spawned worker exits, rather than
-// at the next step (which would then fail a request).
+// watch breaks the group as soon as a spawned worker exits or a worker
+// refuses connections, rather than at the next step (which would then
+// fail a request).
 func (s *Supervisor) watch() {
 	t := time.NewTicker(250 * time.Millisecond)
 	defer t.Stop()
+	var probed time.Time
 	for {
 		select {
 		case <-s.stop:
 			return
 		case <-t.C:
 		}
-		i, why := s.o.Spawned.firstDead()
-		if i < 0 {
+		s.mu.Lock()
+		cur, addrs := s.cur, s.addrs
+		s.mu.Unlock()
+		if cur == nil {
 			continue
 		}
-		s.mu.Lock()
-		cur := s.cur
-		s.mu.Unlock()
-		if cur != nil {
-			s.fail(cur, &WorkerError{Worker: i, err: fmt.Errorf("%s: the worker process %s", s.o.Name(i), why)})
+		var err error
+		if s.o.Spawned != nil {
+			if i, why := s.o.Spawned.firstDead(); i >= 0 {
+				err = &WorkerError{Worker: i, err: fmt.Errorf("%s: %s: the worker process %s", s.o.What, s.o.Name(i), why)}
+			}
+		}
+		if err == nil && s.o.Probe > 0 && time.Since(probed) >= s.o.Probe {
+			probed = time.Now()
+			err = probe(addrs, s.name)
+		}
+		if err != nil {
+			s.fail(cur, err)
 		}
 	}
 }
@@ -313,16 +350,19 @@ func (s *Supervisor) watch() {
 // probe checks that every worker accepts a connection, so a reconnect
 // attempt does not make the live ones load their shards for a group that
 // cannot form. A connection closed before a hello is dropped quietly.
-func probe(addrs []string) error {
+func probe(addrs []string, name func(int) string) error {
 	for i, a := range addrs {
 		c, err := net.DialTimeout("tcp", a, 2*time.Second)
 		if err != nil {
-			return &WorkerError{Worker: i, err: fmt.Errorf("worker %d at %s: %w", i, a, err)}
+			return &WorkerError{Worker: i, err: fmt.Errorf("%s at %s: not reachable: %w", name(i), a, err)}
 		}
 		c.Close()
 	}
 	return nil
 }
+
+// name is worker i's place with the group's kind: "tensor parallel: rank 1".
+func (s *Supervisor) name(i int) string { return s.o.What + ": " + s.o.Name(i) }
 
 func (s *Supervisor) logf(format string, args ...any) {
 	if s.o.Log != nil {

@@ -151,10 +151,12 @@ func TestWorkerRecovery(t *testing.T) {
 	for _, c := range []struct {
 		name, flag, victim, cause string
 		stop                      bool // SIGSTOP, then SIGCONT, instead of a kill and a new worker
+		idle                      bool // killed between requests: /health sees it before any request
 	}{
-		{"tp2", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false},
-		{"pp2", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1: ", false},
-		{"tp2-stall", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: no answer within 2s", true},
+		{"tp2", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false},
+		{"pp2", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1: ", false, false},
+		{"tp2-stall", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: no answer within 2s", true, false},
+		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a0, _ := startWorker(t, path)
@@ -170,11 +172,17 @@ func TestWorkerRecovery(t *testing.T) {
 				fail = func() { victim.Process.Signal(syscall.SIGSTOP) }
 				defer victim.Process.Signal(syscall.SIGCONT)
 			}
-			start := time.Now()
-			rest := streamAndKill(t, addr, fail)
-			t.Logf("the stream ended %v after the failure: ...%s", time.Since(start).Round(time.Millisecond), tail(rest, 300))
-			if !strings.Contains(rest, "worker group down: "+c.cause) && strings.Count(rest, `"text"`) < 390 {
-				t.Errorf("the stream after the failure: no error naming %s: ...%s", c.victim, tail(rest, 500))
+			if c.idle {
+				fail()
+				_, took := waitHealth(t, addr, 503, 10*time.Second)
+				t.Logf("/health 503 %v after the kill, before any request", took.Round(time.Millisecond))
+			} else {
+				start := time.Now()
+				rest := streamAndKill(t, addr, fail)
+				t.Logf("the stream ended %v after the failure: ...%s", time.Since(start).Round(time.Millisecond), tail(rest, 300))
+				if !strings.Contains(rest, "worker group down: "+c.cause) && strings.Count(rest, `"text"`) < 390 {
+					t.Errorf("the stream after the failure: no error naming %s: ...%s", c.victim, tail(rest, 500))
+				}
 			}
 			code, body := postCompletion(t, addr, "The dog", 8)
 			if code != 503 || !strings.Contains(body, c.cause) {
@@ -274,7 +282,7 @@ func TestWorkerRecoverySpawned(t *testing.T) {
 	hb, took := waitHealth(t, addr, 503, 10*time.Second)
 	t.Logf("/health %v after the kill, with no request: %s", took.Round(time.Millisecond), hb)
 	var h healthDown
-	if err := json.Unmarshal([]byte(hb), &h); err != nil || len(h.Workers) != 1 || !strings.Contains(h.Reason, "the worker process exited") {
+	if err := json.Unmarshal([]byte(hb), &h); err != nil || len(h.Workers) != 1 || !strings.Contains(h.Reason, "tensor parallel: rank ") || !strings.Contains(h.Reason, ": the worker process exited") {
 		t.Errorf("/health while down: %s (%v)", hb, err)
 	}
 	_, took = waitHealth(t, addr, 200, 30*time.Second)

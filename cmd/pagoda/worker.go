@@ -315,8 +315,12 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 			}
 			return cluster.Connect(addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
 		}
-		sup, err := cluster.Supervise(cluster.SuperviseOptions{Addrs: t.addrs, Connect: connect, Name: t.workerName,
-			Spawned: t.spawned, MaxBackoff: t.retry, Log: t.log})
+		what := "tensor parallel" // as the group's own errors name it
+		if t.pipeline {
+			what = "pipeline parallel"
+		}
+		sup, err := cluster.Supervise(cluster.SuperviseOptions{Addrs: t.addrs, Connect: connect, Name: t.workerName, What: what,
+			Spawned: t.spawned, MaxBackoff: t.retry, Probe: time.Second, Log: t.log})
 		if err != nil {
 			return nil, err
 		}
