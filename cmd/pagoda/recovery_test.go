@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -152,15 +153,22 @@ func TestWorkerRecovery(t *testing.T) {
 		name, flag, victim, cause string
 		stop                      bool // SIGSTOP, then SIGCONT, instead of a kill and a new worker
 		idle                      bool // killed between requests: /health sees it before any request
+		cut                       bool // its connections (the coordinator's and the mesh's) cut by a proxy; the worker lives on
 	}{
-		{"tp2", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false},
-		{"pp2", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1: ", false, false},
-		{"tp2-stall", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: no answer within 2s", true, false},
-		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true},
+		{"tp2", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, false},
+		{"pp2", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1: ", false, false, false},
+		{"tp2-stall", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: no answer within 2s", true, false, false},
+		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true, false},
+		{"tp2-cut", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a0, _ := startWorker(t, path)
 			a1, victim := startWorker(t, path)
+			var px *proxy
+			if c.cut {
+				px = startProxy(t, a1)
+				a1 = px.addr
+			}
 			addr := startProc(t, servingRe, "serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
 				c.flag, "2", "--workers", a0+","+a1, "--worker-timeout", "1s", "--worker-reconnect", "500ms")
 			want := complete(t, addr, "Once upon a time", 24)
@@ -168,9 +176,12 @@ func TestWorkerRecovery(t *testing.T) {
 				t.Fatalf("pagoda_worker_group_up %v before the failure", g)
 			}
 			fail := func() { victim.Process.Kill(); victim.Wait() }
-			if c.stop {
+			switch {
+			case c.stop:
 				fail = func() { victim.Process.Signal(syscall.SIGSTOP) }
 				defer victim.Process.Signal(syscall.SIGCONT)
+			case c.cut:
+				fail = px.cut
 			}
 			if c.idle {
 				fail()
@@ -201,9 +212,12 @@ func TestWorkerRecovery(t *testing.T) {
 			if w0, f := metric(t, addr, "pagoda_worker_up", `worker="0"`), metric(t, addr, "pagoda_worker_group_failures_total"); w0 != 1 || f != 1 {
 				t.Errorf("metrics while down: worker 0 up %v, failures %v", w0, f)
 			}
-			if c.stop {
+			switch {
+			case c.stop:
 				victim.Process.Signal(syscall.SIGCONT)
-			} else {
+			case c.cut:
+				px.pass() // the same worker, through the proxy again
+			default:
 				startWorkerAt(t, path, a1)
 			}
 			_, took := waitHealth(t, addr, 200, 30*time.Second)
@@ -216,6 +230,67 @@ func TestWorkerRecovery(t *testing.T) {
 			}
 		})
 	}
+}
+
+// proxy forwards connections to a worker: cut closes them all and
+// refuses new ones until pass, a network cut between the worker and
+// everyone else (the coordinator and the other ranks dial it here).
+type proxy struct {
+	addr   string
+	mu     sync.Mutex
+	conns  []net.Conn
+	closed bool
+}
+
+func startProxy(t *testing.T, target string) *proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := &proxy{addr: ln.Addr().String()}
+	t.Cleanup(func() { ln.Close(); p.cut() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			p.mu.Lock()
+			closed := p.closed
+			p.mu.Unlock()
+			var w net.Conn
+			if !closed {
+				w, err = net.Dial("tcp", target)
+			}
+			if closed || err != nil {
+				c.Close()
+				continue
+			}
+			p.mu.Lock()
+			p.conns = append(p.conns, c, w)
+			p.mu.Unlock()
+			go func() { io.Copy(w, c); w.Close() }()
+			go func() { io.Copy(c, w); c.Close() }()
+		}
+	}()
+	return p
+}
+
+func (p *proxy) cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for _, c := range p.conns {
+		c.Close()
+	}
+	p.conns = nil
+}
+
+func (p *proxy) pass() {
+	p.mu.Lock()
+	p.closed = false
+	p.mu.Unlock()
 }
 
 // children are the processes whose parent is pid.
