@@ -154,12 +154,14 @@ func TestWorkerRecovery(t *testing.T) {
 		stop                      bool // SIGSTOP, then SIGCONT, instead of a kill and a new worker
 		idle                      bool // killed between requests: /health sees it before any request
 		cut                       bool // its connections (the coordinator's and the mesh's) cut by a proxy; the worker lives on
+		grid                      bool // tensor × pipeline: 4 workers, the victim stage 0's rank 1
 	}{
-		{"tp2", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, false},
-		{"pp2", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1: ", false, false, false},
-		{"tp2-stall", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: no answer within 2s", true, false, false},
-		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true, false},
-		{"tp2-cut", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, true},
+		{"tp2", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, false, false},
+		{"pp2", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1: ", false, false, false, false},
+		{"tp2-stall", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: no answer within 2s", true, false, false, false},
+		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true, false, false},
+		{"tp2-cut", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, true, false},
+		{"tp2xpp2", "--pipeline-parallel", "stage 0 rank 1", "pipeline parallel: stage 0 rank 1: ", false, false, false, true},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a0, _ := startWorker(t, path)
@@ -169,8 +171,16 @@ func TestWorkerRecovery(t *testing.T) {
 				px = startProxy(t, a1)
 				a1 = px.addr
 			}
-			addr := startProc(t, servingRe, "serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
-				c.flag, "2", "--workers", a0+","+a1, "--worker-timeout", "1s", "--worker-reconnect", "500ms")
+			workers := []string{a0, a1}
+			flags := []string{c.flag, "2"}
+			if c.grid {
+				a2, _ := startWorker(t, path)
+				a3, _ := startWorker(t, path)
+				workers = append(workers, a2, a3)
+				flags = append(flags, "--tensor-parallel", "2")
+			}
+			addr := startProc(t, servingRe, append([]string{"serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
+				"--workers", strings.Join(workers, ","), "--worker-timeout", "1s", "--worker-reconnect", "500ms"}, flags...)...)
 			want := complete(t, addr, "Once upon a time", 24)
 			if g := metric(t, addr, "pagoda_worker_group_up"); g != 1 {
 				t.Fatalf("pagoda_worker_group_up %v before the failure", g)
@@ -392,4 +402,15 @@ func (s *syncBuffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// TestWorkerReconnectFlag: --worker-reconnect out of range is refused
+// before anything starts.
+func TestWorkerReconnectFlag(t *testing.T) {
+	for v, shown := range map[string]string{"10ms": "10ms", "2h": "2h0m0s"} {
+		code, _, stderr := pagoda(t, "serve", "--tensor-parallel", "2", "--worker-reconnect", v)
+		if code == 0 || !strings.Contains(stderr, "--worker-reconnect "+shown+" out of range [200ms, 1h]") {
+			t.Errorf("--worker-reconnect %s: exit %d, %s", v, code, stderr)
+		}
+	}
 }
