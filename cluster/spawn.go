@@ -192,14 +192,3 @@ func (s *Spawned) Stop() {
 	s.procs = nil
 	_ = os.Stderr.Sync()
 }
-
-// PIDs are the worker processes' ids now (tests).
-func (s *Spawned) PIDs() []int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	var ids []int
-	for _, p := range s.procs {
-		ids = append(ids, p.cmd.Process.Pid)
-	}
-	return ids
-}

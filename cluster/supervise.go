@@ -275,7 +275,7 @@ func (s *Supervisor) reconnect() {
 		if s.closed {
 			s.looping = false
 			s.mu.Unlock()
-			if x != nil {
+			if err == nil {
 				x.(broken).Close()
 			}
 			return

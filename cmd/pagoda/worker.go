@@ -313,7 +313,11 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 				t.pipe.Store(p)
 				return p, nil
 			}
-			return cluster.Connect(addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
+			g, err := cluster.Connect(addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
+			if err != nil {
+				return nil, err // not a nil *Group in a non-nil interface
+			}
+			return g, nil
 		}
 		what := "tensor parallel" // as the group's own errors name it
 		if t.pipeline {
