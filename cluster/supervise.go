@@ -111,12 +111,13 @@ type SupervisorCounts struct {
 // Supervise connects the group (an error if the first connect fails, as
 // Connect's) and supervises it.
 func Supervise(o SuperviseOptions) (*Supervisor, error) {
+	if o.MaxBackoff <= 0 {
+		o.MaxBackoff = 5 * time.Second
+	}
 	if o.Backoff <= 0 {
 		o.Backoff = 200 * time.Millisecond
 	}
-	if o.MaxBackoff < o.Backoff {
-		o.MaxBackoff = max(o.Backoff, 5*time.Second)
-	}
+	o.Backoff = min(o.Backoff, o.MaxBackoff)
 	if o.Name == nil {
 		o.Name = func(i int) string { return "worker " + strconv.Itoa(i) }
 	}
