@@ -117,7 +117,7 @@ func (g *Group) Execute(in *executor.StepInput) (executor.StepOutput, error) {
 		}
 	}
 	if first >= 0 {
-		err := fmt.Errorf("tensor parallel: rank %d: %w", first, g.errs[first])
+		err := &WorkerError{Worker: first, err: fmt.Errorf("tensor parallel: rank %d: %w", first, g.errs[first])}
 		g.fail(err)
 		return executor.StepOutput{}, err
 	}

@@ -191,7 +191,7 @@ func dialAll(addrs []string, hellos []hello, timeout time.Duration, name func(in
 				c.Close()
 			}
 		}
-		return nil, fmt.Errorf("%s at %s: %w", name(r), addrs[r], err)
+		return nil, &WorkerError{Worker: r, err: fmt.Errorf("%s at %s: %w", name(r), addrs[r], err)}
 	}
 	for r, a := range addrs {
 		c, err := net.DialTimeout("tcp", a, 30*time.Second)
@@ -311,7 +311,7 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 	var cause error
 	cut := func(s int, err error) {
 		once.Do(func() {
-			cause = fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)
+			cause = &WorkerError{Worker: s, err: fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)}
 			p.closeConns()
 		})
 	}
@@ -356,7 +356,7 @@ func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, erro
 	var first error
 	for s, err := range errs {
 		if err != nil {
-			first = fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)
+			first = &WorkerError{Worker: s, err: fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)}
 			break
 		}
 	}

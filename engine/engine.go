@@ -155,7 +155,8 @@ type Stats struct {
 type Engine struct {
 	// ex runs the steps: in this process, the model over e.kv.
 	ex     executor.Executor
-	maxLen int // tokens a sequence may reach: ContextLen, or more under a streaming policy
+	epoch  uint64 // the executor's storage's, when it can restart (restart.go)
+	maxLen int    // tokens a sequence may reach: ContextLen, or more under a streaming policy
 	tok    tokenizer.Tokenizer
 	vocab  *tokenizer.Vocab
 	cfg    Config

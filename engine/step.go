@@ -13,6 +13,7 @@ import (
 // step drives one step: plan, batch, forward, sample, update (streaming as
 // it samples); false when there was nothing to run.
 func (e *Engine) step() bool {
+	checkRestart(e)
 	if e.cfg.Spec.Proposer != nil {
 		e.propose()
 	}

@@ -105,6 +105,12 @@ type Options struct {
 	// KVEvents is the engine's KV event log (engine.Config.KVEvents),
 	// streamed at GET /v1/kv_events (server/kvevents.go). nil: 404.
 	KVEvents *kvcache.EventLog
+	// Health says why the backend cannot serve now (nil: it can), e.g.
+	// its worker group is down: GET /health then answers 503 with the
+	// reason in a JSON body, and new generation requests 503 with it. An
+	// error with a HealthDetails() map[string]any method adds those
+	// fields to the /health body. nil: always healthy.
+	Health func() error
 }
 
 // Server serves the OpenAI-compatible API over a Backend.
@@ -298,6 +304,9 @@ func admission(s *Server) *apiError {
 		return &apiError{Status: http.StatusServiceUnavailable, Type: "server_error",
 			Message: "server is shutting down"}
 	}
+	if ae := unhealthy(s.o.Health); ae != nil {
+		return ae
+	}
 	n := s.inflight.Add(1)
 	if s.o.MaxQueue > 0 && n > int64(s.o.MaxQueue) {
 		s.inflight.Add(-1)
@@ -351,6 +360,12 @@ func (s modelsAPI) handleHealth(w http.ResponseWriter, r *http.Request) {
 	if s.draining.Load() {
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
+	}
+	if s.o.Health != nil {
+		if err := s.o.Health(); err != nil {
+			writeUnhealthy(w, err)
+			return
+		}
 	}
 	w.WriteHeader(http.StatusOK)
 }

@@ -333,6 +333,9 @@ func runServe(args []string) error {
 	if c.NExpert > 0 {
 		reg.MustRegister(engine.NewExpertCollector(m, *name))
 	}
+	if c := grp.collector(); c != nil {
+		reg.MustRegister(c)
+	}
 	eng.Start()
 	backend, err := server.NewEngineBackend(eng, tok, *name, apiCtx, tmpl)
 	if err != nil {
@@ -343,7 +346,7 @@ func runServe(args []string) error {
 	}
 	backend.SetModelInfo(modelInfo(m, *modelPath, budget))
 	so := server.Options{APIKey: *apiKey, MetricsAuth: *metricsAuth, ServedNames: aliases, Version: version(), Registry: reg, MaxWaiting: *maxWaiting,
-		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng, KVEvents: kvLog}
+		MaxConnections: *maxConns, GrammarLimits: gLim, AllowedOrigins: splitList(*origins), AllowedHosts: splitList(*hosts), Engine: eng, KVEvents: kvLog, Health: grp.health()}
 	if emb := grp.embedder(m); emb != nil {
 		defer emb.Close()
 		so.Embedder = emb

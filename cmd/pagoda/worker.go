@@ -10,7 +10,10 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sync/atomic"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"pagoda/cluster"
 	"pagoda/engine"
@@ -85,6 +88,7 @@ type tpFlags struct {
 	// capBytes is --max-memory parsed by start (0: no cap).
 	capBytes int64
 	stall    *time.Duration
+	retry    *time.Duration
 }
 
 const maxMemoryHelp = "most memory this process may bind for the model, e.g. 512MiB or 2GiB: the weights of its shard (all of them in one process) plus its KV storage; a model over it is refused before loading (default: no cap)"
@@ -125,6 +129,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		maxMem:  fs.String("max-memory", "", maxMemoryHelp+"; with workers started here, each worker's cap"),
 		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
 		stall:   fs.Duration("worker-timeout", 2*time.Minute, "how long a worker waits on another (a mesh exchange, a stage hand-off) before the step fails, and, plus a tenth (at least 1s), the coordinator on a worker's answer: a stopped or hung worker becomes an error after about this long (it must exceed the slowest step's compute)"),
+		retry:   fs.Duration("worker-reconnect", 5*time.Second, "longest wait between attempts to reconnect a broken worker group (a worker died, stalled past --worker-timeout or was cut off; a local worker that exited is started again): the first comes after 200ms, each failure doubles the wait up to this; meanwhile /health and new requests answer 503"),
 		workers: fs.String("workers", "", "comma-separated host:port of running `pagoda worker` processes, rank (stage) 0 first; with both --tensor-parallel N and --pipeline-parallel M, N×M of them stage-major: stage 0's ranks 0…N-1, then stage 1's, … (implies --tensor-parallel = their count unless --pipeline-parallel is given)"),
 	}
 }
@@ -134,7 +139,6 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 type tp struct {
 	addrs    []string
 	spawned  *cluster.Spawned
-	group    *cluster.Group
 	threads  int
 	pipeline bool
 	// tensor is the ranks of every pipeline stage (tensor × pipeline;
@@ -144,8 +148,12 @@ type tp struct {
 	minRows int
 	wire    cluster.WireDType
 	stall   time.Duration
-	pipe    *cluster.Pipeline
+	pipe    atomic.Pointer[cluster.Pipeline] // the latest, for its stats
 	log     io.Writer
+	// sup runs the group or pipeline and reconnects it when it breaks;
+	// retry is its longest wait between attempts.
+	sup   *cluster.Supervisor
+	retry time.Duration
 }
 
 // start resolves the flags: nil when serving in this process.
@@ -160,6 +168,9 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	if *f.stall < 100*time.Millisecond || *f.stall > 24*time.Hour {
 		return nil, fmt.Errorf("--worker-timeout %v out of range [100ms, 24h]", *f.stall)
 	}
+	if *f.retry < 200*time.Millisecond || *f.retry > time.Hour {
+		return nil, fmt.Errorf("--worker-reconnect %v out of range [200ms, 1h]", *f.retry)
+	}
 	t, err := f.start1(path, threads, log)
 	switch {
 	case err != nil:
@@ -167,7 +178,7 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	case t == nil && wire != cluster.WireF32:
 		return nil, fmt.Errorf("--wire-dtype %s: activations travel only between workers (give --tensor-parallel, --pipeline-parallel or --workers)", wire)
 	case t != nil:
-		t.wire, t.stall = wire, *f.stall
+		t.wire, t.stall, t.retry, t.log = wire, *f.stall, *f.retry, log
 	}
 	return t, nil
 }
@@ -284,44 +295,87 @@ func (t *tp) embedder(m *model.Model) *engine.Embedder {
 }
 
 // executor is the engine's hook: connect the group once the KV manager's
-// configuration is known (nil: run the steps in this process).
+// configuration is known (nil: run the steps in this process). The group
+// runs under a supervisor, which reconnects it (with the same KV
+// configuration) when it breaks.
 func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Executor, error) {
 	if t == nil {
 		return nil
 	}
-	if t.pipeline {
-		return func(kc kvcache.Config) (executor.Executor, error) {
-			p, err := cluster.ConnectPipeline(t.addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
-				Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor, Exchange: t.stall})
-			if err != nil {
-				return nil, err
-			}
-			t.pipe = p
-			return p, nil
-		}
-	}
 	return func(kc kvcache.Config) (executor.Executor, error) {
-		g, err := cluster.Connect(t.addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
+		connect := func(addrs []string) (executor.Executor, error) {
+			if t.pipeline {
+				p, err := cluster.ConnectPipeline(addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
+					Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor, Exchange: t.stall})
+				if err != nil {
+					return nil, err
+				}
+				t.pipe.Store(p)
+				return p, nil
+			}
+			g, err := cluster.Connect(addrs, cluster.GroupOptions{Model: &m.Config, KV: kc, Threads: t.threads, Context: ctx, Wire: t.wire, Exchange: t.stall})
+			if err != nil {
+				return nil, err // not a nil *Group in a non-nil interface
+			}
+			return g, nil
+		}
+		what := "tensor parallel" // as the group's own errors name it
+		if t.pipeline {
+			what = "pipeline parallel"
+		}
+		sup, err := cluster.Supervise(cluster.SuperviseOptions{Addrs: t.addrs, Connect: connect, Name: t.workerName, What: what,
+			Spawned: t.spawned, MaxBackoff: t.retry, Probe: time.Second, Log: t.log})
 		if err != nil {
 			return nil, err
 		}
-		t.group = g
-		return g, nil
+		t.sup = sup
+		return sup, nil
 	}
+}
+
+// workerName is worker i's place: its rank, stage, or stage and rank.
+func (t *tp) workerName(i int) string {
+	switch {
+	case !t.pipeline:
+		return fmt.Sprintf("rank %d", i)
+	case t.tensor > 1:
+		return fmt.Sprintf("stage %d rank %d", i/t.tensor, i%t.tensor)
+	}
+	return fmt.Sprintf("stage %d", i)
+}
+
+// health is the server's health hook: the supervisor's (nil: always up).
+func (t *tp) health() func() error {
+	if t == nil {
+		return nil
+	}
+	return func() error {
+		if t.sup == nil {
+			return nil
+		}
+		return t.sup.Health()
+	}
+}
+
+// collector is the supervisor's metrics (nil without workers).
+func (t *tp) collector() prometheus.Collector {
+	if t == nil || t.sup == nil {
+		return nil
+	}
+	return t.sup.Collector()
 }
 
 func (t *tp) close() {
 	if t == nil {
 		return
 	}
-	if t.group != nil {
-		t.group.Close()
+	if t.sup != nil {
+		t.sup.Close()
 	}
-	if t.pipe != nil {
-		st := t.pipe.Stats()
+	if p := t.pipe.Load(); p != nil {
+		st := p.Stats()
 		fmt.Fprintf(t.log, "pipeline: %d steps in %d micro-batches, %v, stage busy %v, bubble %.3f\n",
 			st.Steps, st.MicroBatches, st.Wall, st.Busy, st.Bubble())
-		t.pipe.Close()
 	}
 	t.spawned.Stop()
 }
