@@ -62,15 +62,9 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 	if err != nil {
 		return nil, err
 	}
-	session := newSession()
-	hellos := make([]hello, n)
-	for r := range hellos {
-		hellos[r] = hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
-			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0, Wire: o.Wire.String(), ExchangeMS: o.Exchange.Milliseconds()}
-	}
 	// Every rank must get its hello before any can finish joining the
-	// mesh: dialAll sends all first, then reads the replies.
-	conns, err := dialAll(addrs, hellos, o.Timeout, func(r int) string { return fmt.Sprintf("tensor parallel: worker %d", r) })
+	// mesh: dialControl joins all at once.
+	conns, err := dialControl(addrs, groupHellos(addrs, o, spec), o.Timeout, func(r int) string { return fmt.Sprintf("tensor parallel: worker %d", r) })
 	if err != nil {
 		return nil, err
 	}
@@ -80,6 +74,17 @@ func Connect(addrs []string, o GroupOptions) (*Group, error) {
 		g.remotes[r] = executor.NewRemote(c, c)
 	}
 	return g, nil
+}
+
+// groupHellos are the joins of a new group's ranks.
+func groupHellos(addrs []string, o GroupOptions, spec *kvSpec) []hello {
+	session, n := newSession(), len(addrs)
+	hellos := make([]hello, n)
+	for r := range hellos {
+		hellos[r] = hello{Kind: "coordinator", Session: session, Rank: r, Ranks: n, Peers: addrs, Threads: o.Threads,
+			Context: o.Context, Model: shapeOf(o.Model), KV: spec, Logits: r == 0, Wire: o.Wire.String(), ExchangeMS: o.Exchange.Milliseconds()}
+	}
+	return hellos
 }
 
 // Execute runs the step on every rank and returns rank 0's output. A

@@ -1,10 +1,8 @@
 package cluster
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 
@@ -157,7 +155,7 @@ func ConnectPipeline(addrs []string, o PipelineOptions) (*Pipeline, error) {
 	}
 	p := &Pipeline{links: links{closed: "pipeline parallel: the pipeline is closed"}, tensor: tp, wait: Timeouts{Exchange: o.Exchange}.answer(),
 		micro: max(o.MicroBatches, 1), minRows: max(o.MinRows, 1)}
-	conns, err := dialAll(addrs, hellos, o.Timeout, func(i int) string { return "pipeline parallel: " + p.name(i) })
+	conns, err := dialControl(addrs, hellos, o.Timeout, func(i int) string { return "pipeline parallel: " + p.name(i) })
 	if err != nil {
 		return nil, err
 	}
@@ -175,57 +173,6 @@ func (p *Pipeline) name(i int) string {
 		return fmt.Sprintf("stage %d", i)
 	}
 	return fmt.Sprintf("stage %d rank %d", i/p.tensor, i%p.tensor)
-}
-
-// dialAll connects to every worker, sends each its hello and waits for
-// every reply (a worker may need the others' hellos before it can answer,
-// so all are sent first). name(i) names worker i in errors.
-func dialAll(addrs []string, hellos []hello, timeout time.Duration, name func(int) string) ([]net.Conn, error) {
-	if timeout == 0 {
-		timeout = 10 * time.Minute
-	}
-	conns := make([]net.Conn, len(addrs))
-	fail := func(r int, err error) ([]net.Conn, error) {
-		for _, c := range conns {
-			if c != nil {
-				c.Close()
-			}
-		}
-		return nil, &WorkerError{Worker: r, err: fmt.Errorf("%s at %s: %w", name(r), addrs[r], err)}
-	}
-	for r, a := range addrs {
-		c, err := net.DialTimeout("tcp", a, 30*time.Second)
-		if err != nil {
-			return fail(r, err)
-		}
-		conns[r] = c
-		if err := writeMsg(bufio.NewWriter(c), hellos[r]); err != nil {
-			return fail(r, err)
-		}
-	}
-	errs := make([]error, len(addrs))
-	var wg sync.WaitGroup
-	for r, c := range conns {
-		wg.Go(func() {
-			c.SetReadDeadline(time.Now().Add(timeout))
-			var rep reply
-			if err := readMsg(c, &rep); err != nil {
-				errs[r] = err
-			} else if rep.Error != "" {
-				errs[r] = errors.New(rep.Error)
-			} else if want := hellos[r].Wire; !sameWire(rep.Wire, want) {
-				errs[r] = fmt.Errorf("the worker does not take %s activations on the wire (it answered %q)", want, rep.Wire)
-			}
-			c.SetReadDeadline(time.Time{})
-		})
-	}
-	wg.Wait()
-	for r, err := range errs {
-		if err != nil {
-			return fail(r, err)
-		}
-	}
-	return conns, nil
 }
 
 // Execute runs the step through the stages as micro-batches and returns

@@ -67,24 +67,32 @@ func (w *Worker) Sent() int64 { return w.sent.Load() }
 // helloTimeout bounds how long a new connection may take to say who it is.
 const helloTimeout = 30 * time.Second
 
-// Serve accepts connections on ln until it fails (it is closed).
+// Serve accepts connections on ln until it fails (it is closed): the
+// control plane's (gRPC: joins, health; control.go) and the data plane's
+// (a session's steps, the mesh's and the stages' links) on the one port.
 func (w *Worker) Serve(ln net.Listener) error {
 	if w.Log == nil {
 		w.Log = slog.New(slog.DiscardHandler)
 	}
+	cp := newControlPlane(w, ln.Addr())
+	defer cp.close()
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return err
 		}
-		go w.handle(c)
+		go w.handle(cp, c)
 	}
 }
 
-func (w *Worker) handle(c net.Conn) {
+func (w *Worker) handle(cp *controlPlane, c net.Conn) {
 	c.SetDeadline(time.Now().Add(helloTimeout))
+	c, control, err := isControl(c)
 	var h hello
-	if err := readMsg(c, &h); err != nil {
+	if err == nil && !control {
+		err = readMsg(c, &h)
+	}
+	if err != nil {
 		level := slog.LevelWarn
 		if err == io.EOF {
 			// Closed before a byte: a TCP health check (a Kubernetes
@@ -96,6 +104,10 @@ func (w *Worker) handle(c net.Conn) {
 		return
 	}
 	c.SetDeadline(time.Time{})
+	if control {
+		cp.conns.hand(c)
+		return
+	}
 	switch h.Kind {
 	case "peer":
 		if ch := w.joinChan(h.Session); ch != nil {
@@ -107,10 +119,8 @@ func (w *Worker) handle(c net.Conn) {
 		}
 		w.Log.Warn("dropping a mesh connection of no session here", "from", c.RemoteAddr(), "session", h.Session, "rank", h.Rank)
 		c.Close()
-	case "coordinator":
-		w.session(c, &h, "rank", func(h *hello) (member, error) { return w.join(h) })
-	case "stage":
-		w.session(c, &h, "stage", func(h *hello) (member, error) { return w.joinStage(h) })
+	case "steps":
+		cp.serve(c, h.Session)
 	default:
 		w.Log.Warn("dropping a connection", "from", c.RemoteAddr(), "kind", h.Kind)
 		c.Close()
@@ -159,36 +169,9 @@ type member interface {
 	close()
 }
 
-// session runs one coordinator's group on this worker: what names the
-// member in the log ("rank" or "stage"), join makes it from the hello.
-func (w *Worker) session(c net.Conn, h *hello, what string, join func(*hello) (member, error)) {
-	defer c.Close()
-	bw := bufio.NewWriter(c)
-	// A coordinator that reconnects right after hanging up finds the old
-	// session still winding down: wait a little for it.
-	if !w.acquire(5 * time.Second) {
-		writeMsg(bw, reply{Error: "this worker already serves a group"})
-		return
-	}
-	defer w.release()
-	d, err := w.wireOf(h)
-	var mb member
-	if err == nil {
-		mb, err = join(h)
-	}
-	if err != nil {
-		w.Log.Error("joining the group failed", what, h.Rank, "err", err)
-		writeMsg(bw, reply{Error: err.Error()})
-		return
-	}
-	defer mb.close()
-	if err := writeMsg(bw, reply{Model: mb.shape(), Wire: d.String()}); err != nil {
-		return
-	}
-	w.Log.Info("serving", what, h.Rank, "of", h.Ranks, "kv_blocks", h.KV.NumBlocks, "wire", d)
-	err = executor.Serve(c, c, mb)
-	w.Log.Info("group ended", what, h.Rank, "err", err)
-}
+// serveSteps runs a session's steps on its connection until the
+// coordinator hangs up.
+func serveSteps(c net.Conn, mb member) error { return executor.Serve(c, c, mb) }
 
 // wireOf is the activations' form the hello asks for, if this worker
 // takes it.
