@@ -3,6 +3,7 @@ package cluster
 import (
 	"bufio"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -135,9 +136,11 @@ func benchAllReduce(b *testing.B, n int, d WireDType, size int) {
 // named size (f32 bytes) over loopback TCP, encoded, framed and decoded
 // as stage.go does. The stages bounce the message back and forth, so
 // one op is two hand-offs; oneway-µs is half of it, GB/s the message
-// bytes over that half.
+// bytes over that half. wire=raw is the baseline: the same bytes written
+// and read with no encoding, framing or decoding (what TCP over loopback
+// costs in Go on this machine).
 func BenchmarkHandOff(b *testing.B) {
-	for _, d := range []WireDType{WireF32, WireF16} {
+	for _, d := range []string{"f32", "f16", "raw"} {
 		for _, size := range costSizes {
 			b.Run(fmt.Sprintf("wire=%s/size=%s", d, sizeName(size)), func(b *testing.B) {
 				benchHandOff(b, d, size)
@@ -152,17 +155,30 @@ type handEnd struct {
 	r    *bufio.Reader
 	w    *bufio.Writer
 	wire codec
+	raw  bool // bytes as they are: no encoding, framing or decoding
 	rbuf []byte
 	wbuf []byte
 	in   executor.StepOutput
 }
 
 func (e *handEnd) send(x []float32) error {
+	if e.raw {
+		e.wbuf = growBytes(e.wbuf, 4*len(x))
+		if _, err := e.w.Write(e.wbuf); err != nil {
+			return err
+		}
+		return e.w.Flush()
+	}
 	e.wbuf = e.wire.appendHidden(e.wbuf[:0], x)
 	return executor.WriteFrame(e.w, e.wbuf)
 }
 
 func (e *handEnd) recv() ([]float32, error) {
+	if e.raw {
+		e.rbuf = growBytes(e.rbuf, 4*len(e.in.Logits))
+		_, err := io.ReadFull(e.r, e.rbuf)
+		return e.in.Logits, err
+	}
 	var err error
 	if e.rbuf, err = executor.ReadFrame(e.r, e.rbuf); err != nil {
 		return nil, err
@@ -173,15 +189,26 @@ func (e *handEnd) recv() ([]float32, error) {
 	return e.in.Logits, nil
 }
 
-func benchHandOff(b *testing.B, d WireDType, size int) {
+func benchHandOff(b *testing.B, form string, size int) {
+	d, err := ParseWireDType(form)
+	raw := form == "raw"
+	if err != nil && !raw {
+		b.Fatal(err)
+	}
 	conns := loopbackConns(b, 2)
 	ends := make([]*handEnd, 2)
 	for i := range ends {
 		c := conns[i][1-i]
 		defer c.Close()
-		ends[i] = &handEnd{c: c, r: bufio.NewReaderSize(c, 1<<16), w: bufio.NewWriterSize(c, 1<<16), wire: codec{d: d}}
+		ends[i] = &handEnd{c: c, r: bufio.NewReaderSize(c, 1<<16), w: bufio.NewWriterSize(c, 1<<16), wire: codec{d: d}, raw: raw}
 	}
 	x := make([]float32, size/4)
+	if raw {
+		// The raw ends know the size from here.
+		for _, e := range ends {
+			e.in.Logits = x
+		}
+	}
 	errc := make(chan error, 1)
 	echo := func(k int) {
 		for range k {
