@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"unsafe"
 
 	"pagoda/executor"
 	"pagoda/kernels"
@@ -61,10 +62,18 @@ type codec struct {
 	half []uint16
 }
 
+// littleEndian: the host's memory order is the wire's, so rows go to and
+// from the wire as bulk copies of their bytes instead of value by value
+// (which cost twice what TCP itself does on loopback).
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
 // appendFloats appends x in the wire form.
 func (c *codec) appendFloats(dst []byte, x []float32) []byte {
 	switch c.d {
 	case WireF32:
+		if littleEndian && len(x) > 0 {
+			return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&x[0])), 4*len(x))...)
+		}
 		for _, v := range x {
 			dst = binary.LittleEndian.AppendUint32(dst, math.Float32bits(v))
 		}
@@ -76,6 +85,9 @@ func (c *codec) appendFloats(dst []byte, x []float32) []byte {
 		c.half = growHalf(c.half, len(x))
 		kernels.F32ToBF16Row(c.half, x)
 	}
+	if littleEndian && len(c.half) > 0 {
+		return append(dst, unsafe.Slice((*byte)(unsafe.Pointer(&c.half[0])), 2*len(c.half))...)
+	}
 	for _, h := range c.half {
 		dst = binary.LittleEndian.AppendUint16(dst, h)
 	}
@@ -85,14 +97,22 @@ func (c *codec) appendFloats(dst []byte, x []float32) []byte {
 // decode reads len(dst) values of the wire form from p.
 func (c *codec) decode(dst []float32, p []byte) {
 	if c.d == WireF32 {
+		if littleEndian && len(dst) > 0 {
+			copy(unsafe.Slice((*byte)(unsafe.Pointer(&dst[0])), 4*len(dst)), p[:4*len(dst)])
+			return
+		}
 		for i := range dst {
 			dst[i] = math.Float32frombits(binary.LittleEndian.Uint32(p[4*i:]))
 		}
 		return
 	}
 	c.half = growHalf(c.half, len(dst))
-	for i := range c.half {
-		c.half[i] = binary.LittleEndian.Uint16(p[2*i:])
+	if littleEndian && len(dst) > 0 {
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&c.half[0])), 2*len(dst)), p[:2*len(dst)])
+	} else {
+		for i := range c.half {
+			c.half[i] = binary.LittleEndian.Uint16(p[2*i:])
+		}
 	}
 	if c.d == WireF16 {
 		kernels.F16ToF32Row(dst, c.half)
