@@ -191,6 +191,46 @@ type ropeTable struct {
 
 var ropeLast atomic.Pointer[ropeTable]
 
+// RoPETable writes into tab (reused; 2·len(freqs) floats) the cosines
+// then the sines of every pair at position pos: what RoPEWith rotates the
+// heads of one row with. A model rotates all of a row's query and key
+// heads at one position, so the Sincos per pair is paid once per row, with
+// no allocation; the values are RoPE's and RoPERef's.
+func RoPETable(tab []float32, pos int, freqs []float32) []float32 {
+	n := len(freqs)
+	if cap(tab) < 2*n {
+		tab = make([]float32, 2*n)
+	}
+	tab = tab[:2*n]
+	for i, f := range freqs {
+		s, c := math.Sincos(float64(pos) * float64(f))
+		tab[i], tab[n+i] = float32(c), float32(s)
+	}
+	return tab
+}
+
+// RoPEWith rotates one head vector x in place by the table of RoPETable,
+// as RoPE does at that table's position.
+func RoPEWith(x, tab []float32, neox bool) {
+	n := len(tab) / 2
+	cos, sin := tab[:n], tab[n:]
+	if neox {
+		a, b := x[:n], x[n:2*n]
+		for i := range a {
+			x0, x1 := a[i], b[i]
+			a[i] = x0*cos[i] - x1*sin[i]
+			b[i] = x0*sin[i] + x1*cos[i]
+		}
+		return
+	}
+	x = x[:2*n]
+	for i := 0; i < n; i++ {
+		x0, x1 := x[2*i], x[2*i+1]
+		x[2*i] = x0*cos[i] - x1*sin[i]
+		x[2*i+1] = x0*sin[i] + x1*cos[i]
+	}
+}
+
 // RoPERef is the reference RoPE.
 func RoPERef(x []float32, pos int, freqs []float32, neox bool) {
 	n := len(freqs)

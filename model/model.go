@@ -204,6 +204,20 @@ type scratch struct {
 	pieces []attnPiece
 	moe    moeScratch
 	mla    mlaScratch
+	// rope holds each row's rotary table (kernels.RoPETable), 2·len(freqs)
+	// floats a row: every layer rotates at the same positions, so they are
+	// worked out once per pass.
+	rope []float32
+}
+
+// ropeRows is the rotary table of every row of b, one after the other.
+func ropeRows(dst []float32, b *Batch, freqs []float32) []float32 {
+	w := 2 * len(freqs)
+	dst = grow(dst, len(b.Tokens)*w)
+	for i := range b.Tokens {
+		kernels.RoPETable(dst[i*w:(i+1)*w], b.RopePos(i), freqs)
+	}
+	return dst
 }
 
 func grow(s []float32, n int) []float32 {
@@ -359,6 +373,7 @@ func (m *Model) trunk(b *Batch, kv KVCache, in []float32) error {
 		return err
 	}
 	s.pieces = attnPieces(b, c.SlidingWindow)
+	s.rope = ropeRows(s.rope, b, m.freqs)
 	for li := m.stage.Lo; li < m.stage.Hi; li++ {
 		m.attn.forward(m, li, b, kv)
 		m.ffns[li].forward(m, li, b, kv)

@@ -1,5 +1,7 @@
 package model
 
+import "pagoda/kernels"
+
 // selfAttention runs arch.Attention: norm, fused q/k/v projection, biases,
 // per-head q/k norm and rope, attention through the KV cache, output
 // projection and residual.
@@ -16,7 +18,7 @@ func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 	m.be.MatMulN(l.qkv, s.xn, [][]float32{s.q, s.k, s.v}, T) // q/k/v biases included
 	for i := 0; i < T; i++ {
 		q, k := s.q[i*qd:(i+1)*qd], s.k[i*kvd:(i+1)*kvd]
-		pos := b.RopePos(i)
+		tab := s.rope[i*2*len(m.freqs) : (i+1)*2*len(m.freqs)]
 		if c.QKNormFull {
 			m.ops.RMSNorm(q, q, l.QNorm, c.RMSEps)
 			m.ops.RMSNorm(k, k, l.KNorm, c.RMSEps)
@@ -26,14 +28,14 @@ func (selfAttention) forward(m *Model, li int, b *Batch, kv KVCache) {
 			if l.QNorm != nil && !c.QKNormFull {
 				m.ops.RMSNorm(qh, qh, l.QNorm, c.RMSEps)
 			}
-			m.ops.RoPE(qh, pos, m.freqs, c.RopeNeox)
+			kernels.RoPEWith(qh, tab, c.RopeNeox)
 		}
 		for h := 0; h < c.NKVHead; h++ {
 			kh := k[h*hd : (h+1)*hd]
 			if l.KNorm != nil && !c.QKNormFull {
 				m.ops.RMSNorm(kh, kh, l.KNorm, c.RMSEps)
 			}
-			m.ops.RoPE(kh, pos, m.freqs, c.RopeNeox)
+			kernels.RoPEWith(kh, tab, c.RopeNeox)
 		}
 	}
 	m.be.Attend(li, b, kv, s.q, s.k, s.v, s.att, ap)
