@@ -172,8 +172,22 @@ func (m *Mesh) Close() {
 	}
 }
 
-// AllReduce sums x over the ranks in place.
+// ringMin is the smallest all-reduce, in bytes on the wire, that goes
+// around a ring when there are three ranks or more. The full mesh sends
+// each rank's whole buffer to every other rank, (N−1)·m bytes in one
+// exchange; the ring sends 2(N−1)/N·m in 2(N−1) steps. The ring's extra
+// steps cost latency, so a decode step's small sums stay on the mesh and
+// a prefill chunk's large ones go around (docs/parallel.md, "Cost").
+const ringMin = 64 << 10
+
+// AllReduce sums x over the ranks in place: over the full mesh, or around
+// a ring for large buffers among three ranks or more. Either way every
+// rank ends with the same bits.
 func (m *Mesh) AllReduce(_ int, x []float32) {
+	if m.ranks >= 3 && len(x)*m.wire.d.Size() >= ringMin && len(x) >= m.ranks {
+		m.ringAllReduce(x)
+		return
+	}
 	if !m.exchange('R', x, &m.wire) {
 		return
 	}
@@ -192,6 +206,88 @@ func (m *Mesh) AllReduce(_ int, x []float32) {
 		}
 	}
 	copy(x, m.sum)
+}
+
+// ringAllReduce is AllReduce as a reduce-scatter then an all-gather
+// around the ring of ranks 0→1→…→N−1→0: x splits into N chunks; in each
+// of N−1 steps every rank sends one chunk's partial sum to the next rank
+// and adds the previous rank's into its own copy, so rank r ends holding
+// the whole sum of chunk r+1; in N−1 more steps the finished chunks go
+// around. A chunk's sum is added in one order (along the ring from its
+// first sender), rounded to the wire form at every hop, and its owner
+// rounds its finished sum as the others receive it, so every rank holds
+// the same bits.
+func (m *Mesh) ringAllReduce(x []float32) {
+	n, r := m.ranks, m.rank
+	next, prev := (r+1)%n, (r+n-1)%n
+	chunk := func(c int) []float32 {
+		c = ((c % n) + n) % n
+		return x[c*len(x)/n : (c+1)*len(x)/n]
+	}
+	m.wire.round(x) // what the others receive of this rank's values
+	for s := 0; s < n-1; s++ {
+		got, ok := m.ringStep('S', next, prev, chunk(r-s), &m.wire)
+		if !ok {
+			return
+		}
+		dst := chunk(r - s - 1)
+		if len(got) != len(dst) {
+			m.fail(fmt.Errorf("tensor parallel: rank %d: ring chunk of %d values from rank %d, expected %d", r, len(got), prev, len(dst)))
+			return
+		}
+		for i, v := range got {
+			dst[i] += v
+		}
+		m.wire.round(dst)
+	}
+	for s := 0; s < n-1; s++ {
+		got, ok := m.ringStep('A', next, prev, chunk(r+1-s), &m.wire)
+		if !ok {
+			return
+		}
+		dst := chunk(r - s)
+		if len(got) != len(dst) {
+			m.fail(fmt.Errorf("tensor parallel: rank %d: ring chunk of %d values from rank %d, expected %d", r, len(got), prev, len(dst)))
+			return
+		}
+		copy(dst, got)
+	}
+}
+
+// ringStep sends part to rank next and receives rank prev's message of
+// the same step, at once (each may exceed the sockets' buffers).
+func (m *Mesh) ringStep(op byte, next, prev int, part []float32, enc *codec) ([]float32, bool) {
+	if m.Err() != nil {
+		return nil, false
+	}
+	m.seq++
+	seq := m.seq
+	m.out = append(m.out[:0], op)
+	m.out = binary.LittleEndian.AppendUint32(m.out, seq)
+	m.out = append(m.out, byte(enc.d))
+	m.out = binary.LittleEndian.AppendUint32(m.out, uint32(len(part)))
+	m.out = enc.appendFloats(m.out, part)
+	deadline := time.Now().Add(m.timeout)
+	pn, pp := m.peers[next], m.peers[prev]
+	pn.c.SetDeadline(deadline)
+	pp.c.SetDeadline(deadline)
+	sent := make(chan error, 1)
+	go func() { sent <- pn.send(m.out) }()
+	var err error
+	if m.bufs[prev], err = pp.recv(op, seq, enc.d, m.bufs[prev]); err != nil {
+		m.fail(fmt.Errorf("tensor parallel: rank %d: ring step with rank %d: %w", m.rank, prev, err))
+		<-sent
+		return nil, false
+	}
+	if err := <-sent; err != nil {
+		m.fail(fmt.Errorf("tensor parallel: rank %d: send to rank %d: %w", m.rank, next, err))
+		return nil, false
+	}
+	m.sent.Add(int64(len(m.out)))
+	if m.also != nil {
+		m.also.Add(int64(len(m.out)))
+	}
+	return m.bufs[prev], true
 }
 
 // AllGather concatenates the ranks' columns of part, row by row, into
