@@ -128,10 +128,7 @@ func (s *Set) checkGroup(ws []workload, routes []string, fail func(string, ...an
 		return
 	}
 	tp, pp := intFlag(co, "tensor-parallel", fail), intFlag(co, "pipeline-parallel", fail)
-	switch {
-	case tp > 1 && pp > 1:
-		fail("coordinator: --tensor-parallel %d with --pipeline-parallel %d: serve refuses combining the two", tp, pp)
-	case tp*pp != len(addrs):
+	if tp*pp != len(addrs) {
 		fail("coordinator: --tensor-parallel %d × --pipeline-parallel %d = %d ranks, but %d --workers", tp, pp, tp*pp, len(addrs))
 	}
 	s.checkWorkers(co, addrs, workers, fail)
@@ -187,6 +184,28 @@ func checkServe(co container, routes []string, fail func(string, ...any)) {
 	checkCap(co, fail)
 }
 
+// checkWorkerProbes: a worker's probes ask its one port, by its gRPC
+// health service or a TCP connect; it answers nothing else (no HTTP).
+func checkWorkerProbes(wk container, listen int, fail func(string, ...any)) {
+	probes := map[string]*corev1.Probe{"readiness": wk.c.ReadinessProbe, "liveness": wk.c.LivenessProbe, "startup": wk.c.StartupProbe}
+	for _, kind := range []string{"readiness", "liveness", "startup"} {
+		p := probes[kind]
+		switch {
+		case p == nil:
+		case p.GRPC != nil:
+			if int(p.GRPC.Port) != listen {
+				fail("worker: the %s probe asks gRPC health on port %d, not the --listen port %d", kind, p.GRPC.Port, listen)
+			}
+		case p.TCPSocket != nil:
+			if cp := findPort(wk.w.pod, p.TCPSocket.Port); cp == nil || int(cp.ContainerPort) != listen {
+				fail("worker: the %s probe connects to port %s, not the --listen port %d", kind, p.TCPSocket.Port.String(), listen)
+			}
+		default:
+			fail("worker: the %s probe is neither gRPC health nor a TCP connect (a worker serves no HTTP)", kind)
+		}
+	}
+}
+
 // checkWorkers: --workers names the StatefulSet's pods in order, under
 // its headless Service, on the port the workers listen on and expose;
 // its replicas are the ranks; every pagoda opens the same model file
@@ -210,6 +229,7 @@ func (s *Set) checkWorkers(co container, addrs []string, workers []container, fa
 	if findPort(wk.w.pod, intstr.FromInt(listen)) == nil {
 		fail("worker: listens on port %d, which its container does not expose", listen)
 	}
+	checkWorkerProbes(wk, listen, fail)
 	svc := s.service(sts.Spec.ServiceName)
 	switch {
 	case svc == nil:

@@ -68,6 +68,8 @@ func TestBrokenManifests(t *testing.T) {
 		{"coordinator.yaml", `"--host", "0.0.0.0"`, `"--host", "127.0.0.1"`, "listens on loopback only"},
 		{"workers.yaml", `"--max-memory", "30GiB"`, `"--max-memory", "40GiB"`, "is not under the container's memory limit"},
 		{"workers.yaml", "\n  clusterIP: None", "", "not headless"},
+		{"workers.yaml", "grpc:\n              port: 7100\n            periodSeconds: 10", "grpc:\n              port: 7200\n            periodSeconds: 10", "gRPC health on port 7200, not the --listen port 7100"},
+		{"workers.yaml", "grpc:\n              port: 7100\n            periodSeconds: 20", "httpGet:\n              path: /health\n              port: 7100\n            periodSeconds: 20", "neither gRPC health nor a TCP connect"},
 		{"workers.yaml", "claimName: pagoda-models", "claimName: pagoda-model", `claims "pagoda-model", which no manifest defines`},
 	} {
 		dir := t.TempDir()
