@@ -254,19 +254,26 @@ func (m *Mesh) ringAllReduce(x []float32) {
 	}
 }
 
+// message encodes the next operation's message of x into m.out: a
+// header (operation, sequence number, wire form, length) and the values.
+// It returns the sequence number the peers' messages must carry too.
+func (m *Mesh) message(op byte, x []float32, enc *codec) uint32 {
+	m.seq++
+	m.out = append(m.out[:0], op)
+	m.out = binary.LittleEndian.AppendUint32(m.out, m.seq)
+	m.out = append(m.out, byte(enc.d))
+	m.out = binary.LittleEndian.AppendUint32(m.out, uint32(len(x)))
+	m.out = enc.appendFloats(m.out, x)
+	return m.seq
+}
+
 // ringStep sends part to rank next and receives rank prev's message of
 // the same step, at once (each may exceed the sockets' buffers).
 func (m *Mesh) ringStep(op byte, next, prev int, part []float32, enc *codec) ([]float32, bool) {
 	if m.Err() != nil {
 		return nil, false
 	}
-	m.seq++
-	seq := m.seq
-	m.out = append(m.out[:0], op)
-	m.out = binary.LittleEndian.AppendUint32(m.out, seq)
-	m.out = append(m.out, byte(enc.d))
-	m.out = binary.LittleEndian.AppendUint32(m.out, uint32(len(part)))
-	m.out = enc.appendFloats(m.out, part)
+	seq := m.message(op, part, enc)
 	deadline := time.Now().Add(m.timeout)
 	pn, pp := m.peers[next], m.peers[prev]
 	pn.c.SetDeadline(deadline)
@@ -401,13 +408,7 @@ func (m *Mesh) exchange(op byte, x []float32, enc *codec) bool {
 	if m.Err() != nil {
 		return false
 	}
-	m.seq++
-	seq := m.seq
-	m.out = append(m.out[:0], op)
-	m.out = binary.LittleEndian.AppendUint32(m.out, seq)
-	m.out = append(m.out, byte(enc.d))
-	m.out = binary.LittleEndian.AppendUint32(m.out, uint32(len(x)))
-	m.out = enc.appendFloats(m.out, x)
+	seq := m.message(op, x, enc)
 	var wg sync.WaitGroup
 	errs := make([]error, m.ranks)
 	deadline := time.Now().Add(m.timeout)

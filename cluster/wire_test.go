@@ -23,29 +23,7 @@ import (
 func meshes(t *testing.T, wires []WireDType) []*Mesh {
 	t.Helper()
 	n := len(wires)
-	conns := make([][]net.Conn, n)
-	for i := range conns {
-		conns[i] = make([]net.Conn, n)
-	}
-	for i := 0; i < n; i++ {
-		for j := i + 1; j < n; j++ {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			acc := make(chan net.Conn, 1)
-			go func() {
-				c, _ := ln.Accept()
-				acc <- c
-			}()
-			c, err := net.Dial("tcp", ln.Addr().String())
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns[i][j], conns[j][i] = c, <-acc
-			ln.Close()
-		}
-	}
+	conns := loopbackConns(t, n)
 	out := make([]*Mesh, n)
 	for r := range out {
 		out[r] = NewMesh(r, conns[r])
