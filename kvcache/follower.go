@@ -21,6 +21,7 @@ type Follower struct {
 	seen    map[int32]int // positions each sequence's steps have computed
 	touched []int32       // sequences the step's notes changed
 	reports []model.KVReport
+	told    map[int32]bool // sequences Reports has reported this step
 }
 
 // NewFollower allocates storage for cfg with its policies bound to it.
@@ -29,7 +30,7 @@ func NewFollower(cfg Config) (*Follower, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Follower{Cache: c, next: map[int32]int{}, seen: map[int32]int{}}, nil
+	return &Follower{Cache: c, next: map[int32]int{}, seen: map[int32]int{}, told: map[int32]bool{}}, nil
 }
 
 // Begin implements model.KVCache: the plan's notes, then its step.
@@ -43,8 +44,12 @@ func (f *Follower) Begin(b *model.Batch) error {
 	if err := f.Cache.Begin(b); err != nil {
 		return err
 	}
+	// A sequence's rows are consecutive and ascending: its last row is
+	// the furthest it computed.
 	for i, seq := range b.Seq {
-		f.seen[seq] = max(f.seen[seq], int(b.Pos[i])+1)
+		if i+1 == len(b.Seq) || b.Seq[i+1] != seq {
+			f.seen[seq] = max(f.seen[seq], int(b.Pos[i])+1)
+		}
 	}
 	return nil
 }
@@ -148,12 +153,12 @@ func (f *Follower) fork(parent, child int32) {
 func (f *Follower) Reports() []model.KVReport {
 	c := f.Cache
 	f.reports = f.reports[:0]
-	seen := map[int32]bool{}
+	clear(f.told)
 	add := func(seq int32) {
-		if seen[seq] {
+		if f.told[seq] {
 			return
 		}
-		seen[seq] = true
+		f.told[seq] = true
 		sealed, stateful := math.MaxInt, false
 		for gi := range c.groups {
 			p := c.Policies.of(gi, seq)
