@@ -102,27 +102,7 @@ func TestTPxPPLogits(t *testing.T) {
 	for _, file := range tpxppFiles {
 		t.Run(filepath.Base(file), func(t *testing.T) {
 			path := filepath.Join(dir, file)
-			whole, err := model.Open(path, model.Options{Threads: 1})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer whole.Close()
-			c := &whole.Config
-			kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: (len(prompt)+n)/16 + 2, DType: kvcache.F32}
-			local := kc
-			local.Ops = whole.Ops()
-			refKV, err := kvcache.New(local)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer refKV.Close()
-			ref := drive(t, executor.NewLocal(whole, refKV), kc, prompt, n, nil, nil)
-			scale := 0.0
-			for _, row := range ref.rows {
-				for _, v := range row {
-					scale = max(scale, math.Abs(float64(v)))
-				}
-			}
+			kc, ref, scale, _ := oneProcess(t, path, prompt, n)
 			shard, err := OpenGridShape(path, 2, model.Options{Threads: 1})
 			if err != nil {
 				t.Fatal(err)
@@ -337,21 +317,7 @@ func TestTPxPPWire(t *testing.T) {
 	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
 	prompt := []int32{1, 403, 407, 261, 378, 300, 2}
 	const n = 64
-	whole, err := model.Open(path, model.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer whole.Close()
-	c := &whole.Config
-	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: (len(prompt)+n)/16 + 2, DType: kvcache.F32}
-	local := kc
-	local.Ops = whole.Ops()
-	refKV, err := kvcache.New(local)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer refKV.Close()
-	ref := drive(t, executor.NewLocal(whole, refKV), kc, prompt, n, nil, nil)
+	kc, ref, _, _ := oneProcess(t, path, prompt, n)
 	shard, err := OpenGridShape(path, 2, model.Options{Threads: 1})
 	if err != nil {
 		t.Fatal(err)

@@ -312,6 +312,36 @@ func firstDiff(a, b []int32) int {
 // max |Δ|, KL and top-1 under teacher forcing, whether free-running
 // greedy stays identical) and bounded loosely; the bytes the workers
 // moved must shrink to about half.
+// oneProcess is the reference a group is held to: path driven greedily
+// over prompt for n tokens in this process. It returns the KV
+// configuration the groups use too (without the model's kernels), the
+// run, its largest |logit|, and the model's configuration.
+func oneProcess(t *testing.T, path string, prompt []int32, n int) (kvcache.Config, run, float64, model.Config) {
+	t.Helper()
+	whole, err := model.Open(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	c := &whole.Config
+	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: (len(prompt)+n)/16 + 2, DType: kvcache.F32}
+	local := kc
+	local.Ops = whole.Ops()
+	refKV, err := kvcache.New(local)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer refKV.Close()
+	ref := drive(t, executor.NewLocal(whole, refKV), kc, prompt, n, nil, nil)
+	scale := 0.0
+	for _, row := range ref.rows {
+		for _, v := range row {
+			scale = max(scale, math.Abs(float64(v)))
+		}
+	}
+	return kc, ref, scale, *c
+}
+
 func TestWireDTypeModels(t *testing.T) {
 	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
 	wireModel(t, path, 64, []int32{1, 403, 407, 261, 378, 300, 2}, 1e-4, 0.5)
@@ -342,27 +372,8 @@ func TestWireDTypeSynth(t *testing.T) {
 // wire form against one process: tp32 bounds the f32 group's logits
 // difference, bound the 16-bit forms'.
 func wireModel(t *testing.T, path string, n int, prompt []int32, tp32, bound float64) {
-	whole, err := model.Open(path, model.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer whole.Close()
-	c := &whole.Config
-	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: (len(prompt)+n)/16 + 2, DType: kvcache.F32}
-	kcLocal := kc
-	kcLocal.Ops = whole.Ops()
-	refKV, err := kvcache.New(kcLocal)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer refKV.Close()
-	ref := drive(t, executor.NewLocal(whole, refKV), kc, prompt, n, nil, nil)
-	scale := 0.0
-	for _, row := range ref.rows {
-		for _, v := range row {
-			scale = max(scale, math.Abs(float64(v)))
-		}
-	}
+	kc, ref, scale, whole := oneProcess(t, path, prompt, n)
+	c := &whole
 	t.Logf("one process: largest |logit| %.3g; load average %s", scale, loadAvg())
 	shard, err := OpenShape(path, 2, model.Options{Threads: 1})
 	if err != nil {
