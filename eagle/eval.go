@@ -1,6 +1,10 @@
 package eagle
 
-import "fmt"
+import (
+	"fmt"
+
+	"pagoda/train"
+)
 
 // DepthAccuracy is the draft's top-1 agreement with the target's greedy
 // next token on held, per depth 1..depths, as the draft runs at
@@ -37,7 +41,7 @@ func (d *Draft) DepthAccuracy(held *Data, depths int) ([]float64, error) {
 		d.forward(&p, &d.w, pos, ctx, par, nil, nil, p.k, p.v, 0)
 		// The greedy tokens of the target at every position.
 		tl = grow(tl, T*V)
-		matmul(d.pool, tl, f, d.headF, T, dd, V)
+		train.MatMul(d.pool, tl, f, d.headF, T, dd, V)
 		want := make([]int, T)
 		for j := range T {
 			want[j] = argmax(tl[j*V : (j+1)*V])
@@ -52,7 +56,7 @@ func (d *Draft) DepthAccuracy(held *Data, depths int) ([]float64, error) {
 				break
 			}
 			logits = grow(logits, m*V)
-			matmul(d.pool, logits, prev, d.headF, m, dd, V)
+			train.MatMul(d.pool, logits, prev, d.headF, m, dd, V)
 			for j := range m {
 				if argmax(logits[j*V:(j+1)*V]) == want[j+k] {
 					hits[k-1]++
@@ -105,7 +109,7 @@ func (d *Draft) unigram(data, held *Data) float64 {
 	var tl []float32
 	for i, seq := range data.Seqs {
 		tl = grow(tl, len(seq)*s.Vocab)
-		matmul(d.pool, tl, data.Feats[i], d.headF, len(seq), s.D, s.Vocab)
+		train.MatMul(d.pool, tl, data.Feats[i], d.headF, len(seq), s.D, s.Vocab)
 		for j := range seq {
 			count[argmax(tl[j*s.Vocab:(j+1)*s.Vocab])]++
 		}
@@ -119,7 +123,7 @@ func (d *Draft) unigram(data, held *Data) float64 {
 	hit, tot := 0, 0
 	for i, seq := range held.Seqs {
 		tl = grow(tl, len(seq)*s.Vocab)
-		matmul(d.pool, tl, held.Feats[i], d.headF, len(seq), s.D, s.Vocab)
+		train.MatMul(d.pool, tl, held.Feats[i], d.headF, len(seq), s.D, s.Vocab)
 		for j := 1; j < len(seq); j++ {
 			if argmax(tl[j*s.Vocab:(j+1)*s.Vocab]) == best {
 				hit++

@@ -12,6 +12,7 @@ import (
 	"pagoda/model"
 	"pagoda/quant"
 	"pagoda/safetensors"
+	"pagoda/train"
 )
 
 // The side file is a GGUF of architecture "eagle": the draft's tensors
@@ -66,7 +67,7 @@ func (d *Draft) Save(path string, info SaveInfo) error {
 	for _, t := range s.tensors() {
 		p := d.Params[t.off : t.off+t.size()]
 		if !t.matrix {
-			if err := w.AddTensor(t.name, quant.F32, []uint64{uint64(t.rows)}, f32bytes(p)); err != nil {
+			if err := w.AddTensor(t.name, quant.F32, []uint64{uint64(t.rows)}, train.F32Bytes(p)); err != nil {
 				return err
 			}
 			continue
@@ -265,12 +266,12 @@ func loadSafetensors(path string, target *model.Model) (*Draft, error) {
 			if t.name == "eagle.blk.0.attn_k.weight" {
 				heads = s.KVHeads
 			}
-			b := hf.Unpermute(f32bytes(v), 4*t.cols, t.rows, heads)
+			b := hf.Unpermute(train.F32Bytes(v), 4*t.cols, t.rows, heads)
 			if b == nil {
 				d.Close()
 				return nil, fmt.Errorf("eagle: %s: cannot un-permute %s for %d heads", path, st.Name, heads)
 			}
-			copy(f32bytes(v), b)
+			copy(train.F32Bytes(v), b)
 		}
 		copy(d.Params[t.off:], v)
 	}

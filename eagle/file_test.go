@@ -9,6 +9,7 @@ import (
 	"pagoda/model"
 	"pagoda/safetensors"
 	"pagoda/testutil"
+	"pagoda/train"
 )
 
 // f16Close: matrices are stored F16.
@@ -153,10 +154,10 @@ func writePublished(t *testing.T, path string, d *Draft, skip string, reshape fu
 			}
 			v = v[:min(int(n), len(v))]
 		}
-		ts = append(ts, &safetensors.Tensor{Name: hn, DType: "F32", Shape: shape, Data: f32bytes(v)})
+		ts = append(ts, &safetensors.Tensor{Name: hn, DType: "F32", Shape: shape, Data: train.F32Bytes(v)})
 	}
 	// EAGLE's checkpoints also carry the (frozen) embedding: ignored.
-	ts = append(ts, &safetensors.Tensor{Name: "embed_tokens.weight", DType: "F32", Shape: []int64{2}, Data: f32bytes([]float32{1, 2})})
+	ts = append(ts, &safetensors.Tensor{Name: "embed_tokens.weight", DType: "F32", Shape: []int64{2}, Data: train.F32Bytes([]float32{1, 2})})
 	if err := safetensors.Write(path, ts); err != nil {
 		t.Fatal(err)
 	}

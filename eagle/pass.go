@@ -2,10 +2,9 @@ package eagle
 
 import (
 	"math"
-	"unsafe"
 
 	"pagoda/kernels"
-	"pagoda/quant"
+	"pagoda/train"
 )
 
 // A pass runs rows of draft input through the layer. Which earlier rows a
@@ -54,19 +53,6 @@ func (p *pass) size(s Shape, n int) {
 	p.out = grow(p.out, n*d)
 }
 
-func f32bytes(f []float32) []byte {
-	if len(f) == 0 {
-		return nil
-	}
-	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
-}
-
-// matmul writes out[n·O+o] = Σ_i x[n·I+i]·w[o·I+i] for n < N.
-func matmul(p *kernels.Pool, out, x, w []float32, N, I, O int) {
-	m := &kernels.Matrix{Type: quant.F32, Rows: O, Cols: I, Data: f32bytes(w[:O*I]), RowBytes: 4 * I}
-	kernels.MatMul(p, m, x[:N*I], out[:N*O], N)
-}
-
 // The draft's matrices, indexing weights.q8.
 const (
 	mFC = iota
@@ -87,7 +73,7 @@ func (w *weights) mul(pool *kernels.Pool, i int, out, x, f []float32, N, I, O in
 		kernels.MatMul(pool, w.q8[i], x[:N*I], out[:N*O], N)
 		return
 	}
-	matmul(pool, out, x, f, N, I, O)
+	train.MatMul(pool, out, x, f, N, I, O)
 }
 
 // transpose writes dst (cols×rows) = srcᵀ (rows×cols).
@@ -111,7 +97,7 @@ func transpose(dst, src []float32, rows, cols int) {
 func (p *pass) backX(pool *kernels.Pool, dx, dy, w []float32, N, I, O int) {
 	p.s1 = grow(p.s1, I*O)
 	transpose(p.s1, w[:O*I], O, I)
-	matmul(pool, dx, dy, p.s1, N, O, I)
+	train.MatMul(pool, dx, dy, p.s1, N, O, I)
 }
 
 // backW adds dyᵀ (O×N) · x (N×I) to dw (O×I).
@@ -121,7 +107,7 @@ func (p *pass) backW(pool *kernels.Pool, dw, dy, x []float32, N, I, O int) {
 	transpose(p.s1, x[:N*I], N, I)
 	transpose(p.s2, dy[:N*O], N, O)
 	p.tmp = grow(p.tmp, O*I)
-	matmul(pool, p.tmp, p.s2, p.s1, O, N, I)
+	train.MatMul(pool, p.tmp, p.s2, p.s1, O, N, I)
 	for i, v := range p.tmp {
 		dw[i] += v
 	}

@@ -303,8 +303,8 @@ func (t *trainer) loss(n, dd, V int) float64 {
 	d := t.d
 	t.lt, t.ld, t.dl = grow(t.lt, n*V), grow(t.ld, n*V), grow(t.dl, n*V)
 	t.dout = grow(t.dout, n*dd)
-	matmul(d.pool, t.lt, t.tgt, d.headF, n, dd, V)
-	matmul(d.pool, t.ld, t.p.out, d.headF, n, dd, V)
+	train.MatMul(d.pool, t.lt, t.tgt, d.headF, n, dd, V)
+	train.MatMul(d.pool, t.ld, t.p.out, d.headF, n, dd, V)
 	var reg, ce float64
 	wcls := float32(t.o.WCls)
 	for i := range n {

@@ -64,7 +64,7 @@ func (m *Model) attnForward(la *layerActs) {
 				for t0 := 0; t0 < T; t0 += causalChunk {
 					t1 := min(T, t0+causalChunk)
 					// scores of rows [t0,t1) against keys [0,t1), stride t1
-					matmul(nil, hb.s, hb.q[t0*hd:], hb.k, t1-t0, hd, t1)
+					MatMul(nil, hb.s, hb.q[t0*hd:], hb.k, t1-t0, hd, t1)
 					for t := t0; t < t1; t++ {
 						src := hb.s[(t-t0)*t1 : (t-t0)*t1+t+1]
 						row := P[t*T : (t+1)*T]
@@ -85,7 +85,7 @@ func (m *Model) attnForward(la *layerActs) {
 						clear(row[t+1:])
 					}
 				}
-				matmul(nil, hb.o, P, hb.vT, T, T, hd)
+				MatMul(nil, hb.o, P, hb.vT, T, T, hd)
 				scatter(la.att, hb.o, b, T, qd, h, hd)
 			}
 		}
@@ -117,12 +117,12 @@ func (m *Model) attnBackward(la *layerActs) {
 				// dV += Pᵀ·dO
 				transpose(nil, hb.s2, P, T, T)
 				transpose(nil, hb.oT, hb.o, T, hd)
-				matmul(nil, hb.tmp, hb.s2, hb.oT, T, T, hd)
+				MatMul(nil, hb.tmp, hb.s2, hb.oT, T, T, hd)
 				for i, v := range hb.tmp {
 					hb.dv[i] += v
 				}
 				// dS in hb.s
-				matmul(nil, hb.s, hb.o, hb.v, T, hd, T)
+				MatMul(nil, hb.s, hb.o, hb.v, T, hd, T)
 				for t := 0; t < T; t++ {
 					dp, p := hb.s[t*T:(t+1)*T], P[t*T:(t+1)*T]
 					var sum float32
@@ -135,12 +135,12 @@ func (m *Model) attnBackward(la *layerActs) {
 					clear(dp[t+1:])
 				}
 				// dQ = dS·K
-				matmul(nil, hb.tmp, hb.s, hb.kT, T, T, hd)
+				MatMul(nil, hb.tmp, hb.s, hb.kT, T, T, hd)
 				scatter(a.dq, hb.tmp, b, T, qd, h, hd)
 				// dK += dSᵀ·Q
 				transpose(nil, hb.s2, hb.s, T, T)
 				transpose(nil, hb.qT, hb.q, T, hd)
-				matmul(nil, hb.tmp, hb.s2, hb.qT, T, T, hd)
+				MatMul(nil, hb.tmp, hb.s2, hb.qT, T, T, hd)
 				for i, v := range hb.tmp {
 					hb.dk[i] += v
 				}

@@ -128,7 +128,7 @@ func (m *Model) Forward(tokens, targets []int32, B, T int) (float64, error) {
 		m.blockForward(l, next)
 	}
 	m.rmsnorm(a.xnf, a.rstdf, a.x, m.w.outNorm, N)
-	matmul(m.pool, a.logits, a.xnf, m.w.out, N, D, c.Vocab)
+	MatMul(m.pool, a.logits, a.xnf, m.w.out, N, D, c.Vocab)
 	if targets == nil {
 		return 0, nil
 	}
@@ -240,26 +240,26 @@ func (m *Model) blockForward(l int, next []float32) {
 	la, lw := &a.layers[l], &m.w.layers[l]
 	N, D, qd, kvd, F := a.B*a.T, c.Dim, c.Heads*c.HeadDim, c.KVHeads*c.HeadDim, c.FFN
 	m.rmsnorm(la.xn1, la.rstd1, la.x, lw.attnNorm, N)
-	matmul(m.pool, la.q, la.xn1, lw.wq, N, D, qd)
-	matmul(m.pool, la.k, la.xn1, lw.wk, N, D, kvd)
-	matmul(m.pool, la.v, la.xn1, lw.wv, N, D, kvd)
+	MatMul(m.pool, la.q, la.xn1, lw.wq, N, D, qd)
+	MatMul(m.pool, la.k, la.xn1, lw.wk, N, D, kvd)
+	MatMul(m.pool, la.v, la.xn1, lw.wv, N, D, kvd)
 	m.rope(la.q, c.Heads, false)
 	m.rope(la.k, c.KVHeads, false)
 	m.attnForward(la)
-	matmul(m.pool, la.xmid, la.att, lw.wo, N, qd, D)
+	MatMul(m.pool, la.xmid, la.att, lw.wo, N, qd, D)
 	for i, v := range la.x {
 		la.xmid[i] += v
 	}
 	m.rmsnorm(la.xn2, la.rstd2, la.xmid, lw.ffnNorm, N)
-	matmul(m.pool, la.gate, la.xn2, lw.wg, N, D, F)
-	matmul(m.pool, la.up, la.xn2, lw.wu, N, D, F)
+	MatMul(m.pool, la.gate, la.xn2, lw.wg, N, D, F)
+	MatMul(m.pool, la.up, la.xn2, lw.wu, N, D, F)
 	m.pool.For(N*F, 1<<12, func(lo, hi int) {
 		for i := lo; i < hi; i++ {
 			g := la.gate[i]
 			la.h[i] = g / (1 + float32(math.Exp(float64(-g)))) * la.up[i]
 		}
 	})
-	matmul(m.pool, next, la.h, lw.wd, N, F, D)
+	MatMul(m.pool, next, la.h, lw.wd, N, F, D)
 	for i, v := range la.xmid {
 		next[i] += v
 	}

@@ -17,16 +17,18 @@ import (
 //
 // The transposes cost O(n·(in+out)) against the product's O(n·in·out).
 
-func f32bytes(f []float32) []byte {
+// F32Bytes is f's memory as bytes (the packages that train beside this
+// one, Medusa and EAGLE heads, write and multiply float32 matrices too).
+func F32Bytes(f []float32) []byte {
 	if len(f) == 0 {
 		return nil
 	}
 	return unsafe.Slice((*byte)(unsafe.Pointer(&f[0])), 4*len(f))
 }
 
-// matmul writes out[n·O+o] = Σ_i x[n·I+i]·w[o·I+i] for n < N.
-func matmul(p *kernels.Pool, out, x, w []float32, N, I, O int) {
-	m := &kernels.Matrix{Type: quant.F32, Rows: O, Cols: I, Data: f32bytes(w[:O*I]), RowBytes: 4 * I}
+// MatMul writes out[n·O+o] = Σ_i x[n·I+i]·w[o·I+i] for n < N.
+func MatMul(p *kernels.Pool, out, x, w []float32, N, I, O int) {
+	m := &kernels.Matrix{Type: quant.F32, Rows: O, Cols: I, Data: F32Bytes(w[:O*I]), RowBytes: 4 * I}
 	kernels.MatMul(p, m, x[:N*I], out[:N*O], N)
 }
 
@@ -64,7 +66,7 @@ func grow(s []float32, n int) []float32 {
 func (s *scratch) matmulBackX(p *kernels.Pool, dx, dy, w []float32, N, I, O int) {
 	s.a = grow(s.a, I*O)
 	transpose(p, s.a, w[:O*I], O, I)
-	matmul(p, dx, dy, s.a, N, O, I)
+	MatMul(p, dx, dy, s.a, N, O, I)
 }
 
 // matmulBackW adds dw[o,i] += Σ_n dy[n,o]·x[n,i].
@@ -74,7 +76,7 @@ func (s *scratch) matmulBackW(p *kernels.Pool, dw, dy, x []float32, N, I, O int)
 	s.c = grow(s.c, O*I)
 	transpose(p, s.a, x[:N*I], N, I)  // I×N
 	transpose(p, s.b, dy[:N*O], N, O) // O×N
-	matmul(p, s.c, s.b, s.a, O, N, I) // c[o·I+i] = b[o]·a[i]
+	MatMul(p, s.c, s.b, s.a, O, N, I) // c[o·I+i] = b[o]·a[i]
 	addTo(p, dw[:O*I], s.c)
 }
 
