@@ -23,9 +23,10 @@ import (
 	"pagoda/testutil"
 )
 
-// startWorkerAt starts a `pagoda worker` listening on addr (killed at the
-// end of the test).
-func startWorkerAt(t *testing.T, path, addr string) *exec.Cmd {
+// startWorkerAt starts a `pagoda worker` listening on addr and returns
+// the address it listens on and its process (killed at the end of the
+// test).
+func startWorkerAt(t *testing.T, path, addr string) (string, *exec.Cmd) {
 	t.Helper()
 	cmd := exec.Command(bin, "worker", "--listen", addr, "-m", path, "--threads", "1", "--quiet")
 	out, err := cmd.StdoutPipe()
@@ -37,11 +38,12 @@ func startWorkerAt(t *testing.T, path, addr string) *exec.Cmd {
 	}
 	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
 	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, cluster.ListenLine) {
+	got, ok := strings.CutPrefix(strings.TrimSpace(line), cluster.ListenLine)
+	if err != nil || !ok {
 		t.Fatalf("worker at %s printed %q (%v)", addr, line, err)
 	}
 	go io.Copy(io.Discard, out)
-	return cmd
+	return got, cmd
 }
 
 // get is a GET's status and body.

@@ -13,33 +13,14 @@ import (
 	"testing"
 	"time"
 
-	"pagoda/cluster"
 	"pagoda/testutil"
 )
 
-// startWorker starts a `pagoda worker` process of path and returns its
-// address and process (killed at the end of the test).
+// startWorker starts a `pagoda worker` process of path on a free port
+// and returns its address and process (killed at the end of the test).
 func startWorker(t *testing.T, path string) (string, *exec.Cmd) {
 	t.Helper()
-	cmd := exec.Command(bin, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1", "--quiet")
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
-	line, err := bufio.NewReader(out).ReadString('\n')
-	if err != nil {
-		t.Fatal(err)
-	}
-	go io.Copy(io.Discard, out)
-	addr, ok := strings.CutPrefix(strings.TrimSpace(line), cluster.ListenLine)
-	if !ok {
-		t.Fatalf("worker printed %q", line)
-	}
-	return addr, cmd
+	return startWorkerAt(t, path, "127.0.0.1:0")
 }
 
 // TestServeTPxPP: `serve --tensor-parallel 2 --pipeline-parallel 2` (four
