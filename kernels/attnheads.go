@@ -29,17 +29,17 @@ func (o *Ops) AttnScoresHeadsBF16(s []float32, ss int, q []float32, d int, k []u
 // len(out)/d heads j, weights w_j = w[j·ws:j·ws+n], rows
 // v_t = v[t·stride:t·stride+d].
 func (o *Ops) AttnMixHeadsF32(out []float32, d int, w []float32, ws int, v []float32, stride, n int) {
-	mixHeads(o.attnMixF32, o.h4.mixF32, 4, out, d, w, ws, v, stride, n)
+	mixHeads(o.attnMixF32, &o.tile.mixF32, 4, out, d, w, ws, v, stride, n)
 }
 
 // AttnMixHeadsF16 is AttnMixHeadsF32 over half-float rows.
 func (o *Ops) AttnMixHeadsF16(out []float32, d int, w []float32, ws int, v []uint16, stride, n int) {
-	mixHeads(o.attnMixF16, o.h4.mixF16, 2, out, d, w, ws, v, stride, n)
+	mixHeads(o.attnMixF16, &o.tile.mixF16, 2, out, d, w, ws, v, stride, n)
 }
 
 // AttnMixHeadsBF16 is AttnMixHeadsF32 over bfloat16 rows.
 func (o *Ops) AttnMixHeadsBF16(out []float32, d int, w []float32, ws int, v []uint16, stride, n int) {
-	mixHeads(o.attnMixBF16, o.h4.mixBF16, 2, out, d, w, ws, v, stride, n)
+	mixHeads(o.attnMixBF16, &o.tile.mixBF16, 2, out, d, w, ws, v, stride, n)
 }
 
 // checkHeads panics unless g heads of n values at stride ss fit in have
@@ -72,17 +72,23 @@ func scoresHeads[E float32 | uint16](one func(s, q []float32, k []E, stride int)
 	}
 }
 
-func mixHeads[E float32 | uint16](one func(out, w []float32, v []E, stride int), four func(out, w *float32, v unsafe.Pointer, n, d, stride, ws int),
+// mixHeads runs the heads in chunks of up to eight through many (indexed
+// by the chunk's heads; nil where a set has no such kernel), the rest one
+// at a time.
+func mixHeads[E float32 | uint16](one func(out, w []float32, v []E, stride int), many *[9]func(out, w *float32, v unsafe.Pointer, n, d, stride, ws int),
 	width int, out []float32, d int, w []float32, ws int, v []E, stride, n int) {
 	g := checkHeads("AttnMixHeads", len(out), d, ws, n, len(w), len(v), stride)
 	if n == 0 {
 		return
 	}
 	j := 0
-	if four != nil && d%16 == 0 {
-		for ; j+4 <= g; j += 4 {
-			four(&out[j*d], &w[j*ws], unsafe.Pointer(&v[0]), n, d, stride*width, ws*4)
+	for d%16 == 0 && j < g {
+		c := min(8, g-j)
+		if many[c] == nil {
+			break
 		}
+		many[c](&out[j*d], &w[j*ws], unsafe.Pointer(&v[0]), n, d, stride*width, ws*4)
+		j += c
 	}
 	for ; j < g; j++ {
 		one(out[j*d:(j+1)*d], w[j*ws:j*ws+n], v, stride)

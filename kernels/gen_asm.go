@@ -970,6 +970,198 @@ func mix4(k vecKind) {
 	p("RET")
 }
 
+// Tiled attention (attntile.go). A page's keys, transposed per tile of 16
+// slots (tileK), make a score a sum along lanes: for each of the d
+// elements one load of 16 slots' values and one broadcast FMA per query
+// head, no horizontal reduction at all. The transposition costs about as
+// much as the reductions it removes for one query, and is done once per
+// page for all the queries of a call.
+
+// headAddr is the address of the vector of head h: heads 0..3 from base,
+// 4..7 from base4 (base + 4·step), step and 3·step in registers.
+func headAddr(h int, base, base4, step, step3 string) string {
+	b := base
+	if h >= 4 {
+		b = base4
+	}
+	switch h % 4 {
+	case 0:
+		return "(" + b + ")"
+	case 1:
+		return "(" + b + ")(" + step + "*1)"
+	case 2:
+		return "(" + b + ")(" + step + "*2)"
+	}
+	return "(" + b + ")(" + step3 + "*1)"
+}
+
+// tileK: kt[(c·16+i)·16 + t] = k_t[c·16+i] for the 16 rows t of one tile
+// (row t at kr + t·stride bytes) and every column block c of d: each
+// 16×16 block is widened into Z0..Z15 and transposed in four rounds of
+// shuffles (pairs of floats, pairs of pairs, then 128-bit lanes twice).
+func tileK(k vecKind) {
+	fmt.Fprintf(&b, "\n// func tileK%sAVX512(kt *float32, kr unsafe.Pointer, stride, d int)\n", k.name)
+	fmt.Fprintf(&b, "TEXT ·tileK%sAVX512(SB), NOSPLIT, $0-32\n", k.name)
+	p("MOVQ kt+0(FP), R9")
+	p("MOVQ kr+8(FP), R11")
+	p("MOVQ stride+16(FP), R8")
+	p("MOVQ d+24(FP), CX")
+	fmt.Fprintf(&b, "block:\n")
+	p("MOVQ R11, DI")
+	for i := 0; i < 16; i++ {
+		k.load("(DI)", i, false)
+		if i < 15 {
+			p("ADDQ R8, DI")
+		}
+	}
+	for i := 0; i < 16; i += 2 {
+		p("VUNPCKLPS Z%d, Z%d, Z%d", i+1, i, 16+i)
+		p("VUNPCKHPS Z%d, Z%d, Z%d", i+1, i, 17+i)
+	}
+	for i := 0; i < 16; i += 4 {
+		p("VUNPCKLPD Z%d, Z%d, Z%d", 18+i, 16+i, i)
+		p("VUNPCKHPD Z%d, Z%d, Z%d", 18+i, 16+i, i+1)
+		p("VUNPCKLPD Z%d, Z%d, Z%d", 19+i, 17+i, i+2)
+		p("VUNPCKHPD Z%d, Z%d, Z%d", 19+i, 17+i, i+3)
+	}
+	// Z(c), Z(4+c), Z(8+c), Z(12+c): lane L holds rows 0-3, 4-7, 8-11,
+	// 12-15 of column 4L+c.
+	for c := 0; c < 4; c++ {
+		p("VSHUFF32X4 $0x44, Z%d, Z%d, Z16", 4+c, c)
+		p("VSHUFF32X4 $0xee, Z%d, Z%d, Z17", 4+c, c)
+		p("VSHUFF32X4 $0x44, Z%d, Z%d, Z18", 12+c, 8+c)
+		p("VSHUFF32X4 $0xee, Z%d, Z%d, Z19", 12+c, 8+c)
+		p("VSHUFF32X4 $0x88, Z18, Z16, Z20")
+		p("VSHUFF32X4 $0xdd, Z18, Z16, Z21")
+		p("VSHUFF32X4 $0x88, Z19, Z17, Z22")
+		p("VSHUFF32X4 $0xdd, Z19, Z17, Z23")
+		for L := 0; L < 4; L++ {
+			p("VMOVUPS Z%d, %d(R9)", 20+L, 64*(4*L+c))
+		}
+	}
+	p("ADDQ $1024, R9")
+	p("ADDQ $%d, R11", 16*k.width)
+	p("SUBQ $16, CX")
+	p("JNZ block")
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// scoresTile: s_j[t] = q_j·k_t for n ≤ 8 query heads j and the 16 slots t
+// of one tile (tileK's layout), stored under a lane mask: s_j at
+// s + off + j·ss bytes, q_j at q + j·qs bytes. Each head sums its even
+// and odd elements in two accumulators (at least four FMA chains in
+// flight for one head), added at the end: a head's arithmetic is the same
+// whatever n, so a GQA group split over tensor-parallel ranks scores as
+// it does whole. d is a positive multiple of 16.
+func scoresTile(n int) {
+	fmt.Fprintf(&b, "\n// func scoresTile%dAVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)\n", n)
+	fmt.Fprintf(&b, "TEXT ·scoresTile%dAVX512(SB), NOSPLIT, $0-64\n", n)
+	p("MOVQ s+0(FP), R9")
+	p("ADDQ off+8(FP), R9")
+	p("MOVQ ss+16(FP), BX")
+	p("MOVQ q+24(FP), SI")
+	p("MOVQ qs+32(FP), R8")
+	p("MOVQ kt+40(FP), DI")
+	p("MOVQ d+48(FP), CX")
+	p("LEAQ (R8)(R8*2), AX")
+	p("LEAQ (SI)(R8*4), R12")
+	split := true
+	for h := 0; h < n; h++ {
+		p("VPXORD Z%d, Z%d, Z%d", h, h, h)
+		if split {
+			p("VPXORD Z%d, Z%d, Z%d", 8+h, 8+h, 8+h)
+		}
+	}
+	fmt.Fprintf(&b, "loop:\n")
+	p("VMOVUPS (DI), Z16")
+	p("VMOVUPS 64(DI), Z17")
+	for h := 0; h < n; h++ {
+		p("VFMADD231PS.BCST %s, Z16, Z%d", headAddr(h, "SI", "R12", "R8", "AX"), h)
+	}
+	for h := 0; h < n; h++ {
+		acc := h
+		if split {
+			acc = 8 + h
+		}
+		p("VFMADD231PS.BCST 4%s, Z17, Z%d", headAddr(h, "SI", "R12", "R8", "AX"), acc)
+	}
+	p("ADDQ $8, SI")
+	if n > 4 {
+		p("ADDQ $8, R12")
+	}
+	p("ADDQ $128, DI")
+	p("SUBQ $2, CX")
+	p("JNZ loop")
+	if split {
+		for h := 0; h < n; h++ {
+			p("VADDPS Z%d, Z%d, Z%d", 8+h, h, h)
+		}
+	}
+	p("MOVQ mask+56(FP), CX")
+	p("KMOVW CX, K1")
+	p("LEAQ (BX)(BX*2), DX")
+	p("LEAQ (R9)(BX*4), R15")
+	for h := 0; h < n; h++ {
+		p("VMOVUPS Z%d, K1, %s", h, headAddr(h, "R9", "R15", "BX", "DX"))
+	}
+	p("VZEROUPPER")
+	p("RET")
+}
+
+// mixN: out_j[i] += Σ_t w_j[t]·v_t[i] for n ≤ 8 heads j, out_j at
+// out + j·d floats, w_j at w + j·ws bytes: mix4's loop with up to eight
+// heads' sums in registers, so each widened row chunk feeds n FMAs. The
+// arithmetic of each head is mix4's whatever n, so a GQA group mixes the
+// same split over tensor-parallel ranks as whole.
+func mixN(k vecKind, n int) {
+	fmt.Fprintf(&b, "\n// func mix%d%sAVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)\n", n, k.name)
+	fmt.Fprintf(&b, "TEXT ·mix%d%sAVX512(SB), NOSPLIT, $0-56\n", n, k.name)
+	p("MOVQ out+0(FP), R9")
+	p("MOVQ w+8(FP), R10")
+	p("MOVQ v+16(FP), R11")
+	p("MOVQ d+32(FP), R13")
+	p("MOVQ stride+40(FP), R8")
+	p("MOVQ ws+48(FP), BX")
+	p("LEAQ (BX)(BX*2), DX")
+	p("MOVQ R13, R14")
+	p("SHLQ $2, R14")
+	p("LEAQ (R14)(R14*2), AX")
+	p("LEAQ (R9)(R14*4), R15")
+	fmt.Fprintf(&b, "chunk:\n")
+	for h := 0; h < n; h++ {
+		p("VMOVUPS %s, Z%d", headAddr(h, "R9", "R15", "R14", "AX"), h)
+	}
+	p("MOVQ R10, SI")
+	if n > 4 {
+		p("LEAQ (SI)(BX*4), R12")
+	}
+	p("MOVQ R11, DI")
+	p("MOVQ n+24(FP), CX")
+	fmt.Fprintf(&b, "rows:\n")
+	k.load("(DI)", 8, false)
+	for h := 0; h < n; h++ {
+		p("VFMADD231PS.BCST %s, Z8, Z%d", headAddr(h, "SI", "R12", "BX", "DX"), h)
+	}
+	p("ADDQ $4, SI")
+	if n > 4 {
+		p("ADDQ $4, R12")
+	}
+	p("ADDQ R8, DI")
+	p("DECQ CX")
+	p("JNZ rows")
+	for h := 0; h < n; h++ {
+		p("VMOVUPS Z%d, %s", h, headAddr(h, "R9", "R15", "R14", "AX"))
+	}
+	p("ADDQ $64, R9")
+	p("ADDQ $64, R15")
+	p("ADDQ $%d, R11", 16*k.width)
+	p("SUBQ $16, R13")
+	p("JNZ chunk")
+	p("VZEROUPPER")
+	p("RET")
+}
+
 func vecMain() {
 	b.Reset()
 	b.WriteString("// Code generated by gen_asm.go; DO NOT EDIT.\n\n//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
@@ -988,6 +1180,17 @@ func vecMain() {
 	for _, k := range vecKinds {
 		scores4(k)
 		mix4(k)
+	}
+	for _, k := range vecKinds {
+		tileK(k)
+		for n := 1; n <= 8; n++ {
+			if n != 4 {
+				mixN(k, n)
+			}
+		}
+	}
+	for n := 1; n <= 8; n++ {
+		scoresTile(n)
 	}
 	if err := os.WriteFile("vec_amd64.s", b.Bytes(), 0o644); err != nil {
 		panic(err)

@@ -313,6 +313,43 @@ func mix(v isa, k blockKind) {
 	rowEnd("")
 }
 
+// rows: the n rows of nb blocks as floats, d·n (+ m), row after row at
+// a (nb·32 floats each): what tiled attention transposes (attntile.go).
+func rows(k blockKind) {
+	fn := "rows" + k.name + "AVX512"
+	prologue(fn, "dst, unused")
+	v := avx512
+	blockConsts(v, k)
+	label("row")
+	p("MOVQ R8, AX")
+	p("MOVQ DI, BX")
+	p("MOVQ R10, CX")
+	label("blk")
+	decode(v, k)
+	f16(v, 0, 3)
+	if k.min {
+		f16(v, 2, 10)
+	}
+	for _, pr := range v.parts {
+		if k.min {
+			p("VFMADD213PS Z10, Z3, Z%d", pr[0])
+		} else {
+			p("VMULPS Z3, Z%d, Z%d", pr[0], pr[0])
+		}
+		p("VMOVUPS Z%d, %d(AX)", pr[0], pr[1])
+	}
+	blockEnd(k.bytes, 32)
+	p("MOVQ R10, DX")
+	p("SHLQ $7, DX")
+	p("ADDQ DX, R8")
+	p("ADDQ R11, DI")
+	p("DECQ R9")
+	p("JNZ  row")
+	label("done")
+	p("VZEROUPPER")
+	p("RET")
+}
+
 // KIVI code planes (see kvplanes.go): n rows of nb 16-byte chunks; plane
 // j of the floats at b + j·nb·64 bytes. R12 = nb·64, R13 = 3·R12. A
 // chunk is one 16-lane part (AVX-512) or two 8-lane ones (AVX2).
@@ -556,6 +593,7 @@ func main() {
 	for _, k := range kinds {
 		scores4(k)
 		mix4(k)
+		rows(k)
 	}
 
 	g.WriteString("// blockAsm is the scoring and mixing assembly of format f on the named\n// instruction set, or nils.\n")
@@ -576,6 +614,13 @@ func main() {
 		fmt.Fprintf(&g, "case %s:\nreturn scores4%sAVX512, mix4%sAVX512\n", k.konst, k.name, k.name)
 	}
 	g.WriteString("}\nreturn nil, nil\n}\n\n")
+	g.WriteString("// blockRowsAsm is the AVX-512 assembly widening rows of format f, or nil.\n")
+	g.WriteString("func blockRowsAsm(isa string, f blockFmt) func(a, b *float32, k *byte, n, nb, stride int) {\n")
+	g.WriteString("if isa != \"avx512\" {\nreturn nil\n}\nswitch f {\n")
+	for _, k := range kinds {
+		fmt.Fprintf(&g, "case %s:\nreturn rows%sAVX512\n", k.konst, k.name)
+	}
+	g.WriteString("}\nreturn nil\n}\n\n")
 	g.WriteString("// planeAsm is the plane assembly of bits-bit codes on the named\n// instruction set, or nils.\n")
 	g.WriteString("func planeAsm(isa string, bits int) (scores, mix func(a, b *float32, k *byte, n, nb, stride int)) {\n")
 	g.WriteString("switch {\n")

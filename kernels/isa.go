@@ -48,7 +48,18 @@ type Ops struct {
 	attnMixF16     func(out, w []float32, v []uint16, stride int)
 	attnMixBF16    func(out, w []float32, v []uint16, stride int)
 
-	h4 heads4 // none in the generic set
+	h4   heads4 // none in the generic set
+	tile tiles  // none in the generic set
+}
+
+// tiles is a set's assembly for tiled attention (attntile.go): the key
+// transposition per element type, the scores of 1..8 heads against one
+// tile, and mixes of 1..8 heads (mix4's loop).
+type tiles struct {
+	tileF32, tileF16, tileBF16 func(kt *float32, k unsafe.Pointer, stride, d int)
+	scores                     [9]func(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+	mixF32, mixF16, mixBF16    [9]func(out, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+	softmaxOnline              func(x *float32, n int, scale, m float32) (mx, sum float32)
 }
 
 // heads4 is a set's assembly over four GQA heads at once (d a multiple of

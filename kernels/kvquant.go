@@ -56,7 +56,21 @@ type BlockAttn struct {
 	// Four GQA heads at once, where the instruction set has them; hs is
 	// the bytes between the heads' scores or weights.
 	scores4, mix4 func(a, b *float32, k *byte, n, nb, stride, hs int)
-	bb            int // bytes a block
+	rows          func(a, b *float32, k *byte, n, nb, stride int) // widens rows; nil where the set has none
+	bb            int                                             // bytes a block
+}
+
+// CanWiden reports whether Widen has a kernel in this set.
+func (a BlockAttn) CanWiden() bool { return a.rows != nil }
+
+// Widen writes the n rows of d elements (stride bytes apart) as floats,
+// row t at dst[t·d:(t+1)·d]: what tiled attention transposes. It panics
+// where CanWiden is false.
+func (a BlockAttn) Widen(dst []float32, k []byte, d, stride, n int) {
+	if a.rows == nil || d <= 0 || d%32 != 0 || n <= 0 || len(dst) < n*d || len(k) < (n-1)*stride+d/32*a.bb || stride < d/32*a.bb {
+		panic(fmt.Sprintf("kernels: Widen: %d rows of %d at stride %d from %d bytes into %d floats (kernel: %v)", n, d, stride, len(k), len(dst), a.rows != nil))
+	}
+	a.rows(&dst[0], nil, &k[0], n, d/32, stride)
 }
 
 // ScoresHeads sets s[j·ss+t] = q_j·row_t for t < n and the len(q)/d query

@@ -15,7 +15,7 @@ func blockAttnFor(isa string, f blockFmt) BlockAttn {
 	bb := blockFmtBytes[f]
 	s4, m4 := blockAsm4(isa, f)
 	return BlockAttn{
-		scores4: s4, mix4: m4, bb: bb,
+		scores4: s4, mix4: m4, bb: bb, rows: blockRowsAsm(isa, f),
 		Scores: func(s, q []float32, k []byte, stride int) {
 			checkBlockRows("Scores", len(s), len(q), len(k), stride, bb)
 			if len(s) == 0 {

@@ -111,10 +111,16 @@ func scores4Q80AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 func mix4Q80AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 
 //go:noescape
+func rowsQ80AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+//go:noescape
 func scores4Q40AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 
 //go:noescape
 func mix4Q40AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func rowsQ40AVX512(a, b *float32, k *byte, n, nb, stride int)
 
 //go:noescape
 func scores4Q41AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
@@ -123,10 +129,16 @@ func scores4Q41AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 func mix4Q41AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 
 //go:noescape
+func rowsQ41AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+//go:noescape
 func scores4Q50AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 
 //go:noescape
 func mix4Q50AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func rowsQ50AVX512(a, b *float32, k *byte, n, nb, stride int)
 
 //go:noescape
 func scores4Q51AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
@@ -135,10 +147,16 @@ func scores4Q51AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 func mix4Q51AVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 
 //go:noescape
+func rowsQ51AVX512(a, b *float32, k *byte, n, nb, stride int)
+
+//go:noescape
 func scores4IQ4NLAVX512(a, b *float32, k *byte, n, nb, stride, hs int)
 
 //go:noescape
 func mix4IQ4NLAVX512(a, b *float32, k *byte, n, nb, stride, hs int)
+
+//go:noescape
+func rowsIQ4NLAVX512(a, b *float32, k *byte, n, nb, stride int)
 
 // blockAsm is the scoring and mixing assembly of format f on the named
 // instruction set, or nils.
@@ -198,6 +216,28 @@ func blockAsm4(isa string, f blockFmt) (scores, mix func(a, b *float32, k *byte,
 		return scores4IQ4NLAVX512, mix4IQ4NLAVX512
 	}
 	return nil, nil
+}
+
+// blockRowsAsm is the AVX-512 assembly widening rows of format f, or nil.
+func blockRowsAsm(isa string, f blockFmt) func(a, b *float32, k *byte, n, nb, stride int) {
+	if isa != "avx512" {
+		return nil
+	}
+	switch f {
+	case fmtQ8_0:
+		return rowsQ80AVX512
+	case fmtQ4_0:
+		return rowsQ40AVX512
+	case fmtQ4_1:
+		return rowsQ41AVX512
+	case fmtQ5_0:
+		return rowsQ50AVX512
+	case fmtQ5_1:
+		return rowsQ51AVX512
+	case fmtIQ4_NL:
+		return rowsIQ4NLAVX512
+	}
+	return nil
 }
 
 // planeAsm is the plane assembly of bits-bit codes on the named

@@ -11,6 +11,9 @@ import (
 func softmaxAVX512(x *float32, n int)
 
 //go:noescape
+func softmaxOnlineAVX512(x *float32, n int, scale, m float32) (mx, sum float32)
+
+//go:noescape
 func siluMulAVX512(out, gate, u *float32, n int)
 
 //go:noescape

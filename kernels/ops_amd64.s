@@ -235,3 +235,76 @@ sc1tail:
 scdone:
 	VZEROUPPER
 	RET
+
+// func softmaxOnlineAVX512(x *float32, n int, scale, m float32) (mx, sum float32)
+// x = exp(scale·x − mx) with mx = max(m, scale·x), returning mx and Σ x:
+// one block of an online softmax.
+TEXT ·softmaxOnlineAVX512(SB), NOSPLIT, $0-32
+	LOADEXPC
+	VBROADCASTSS scale+16(FP), Z9
+	VBROADCASTSS m+20(FP), Z10
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+omax:
+	CMPQ CX, $16
+	JLT omaxtail
+	VMULPS (SI), Z9, Z0
+	VMOVUPS Z0, (SI)
+	VMAXPS Z0, Z10, Z10
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP omax
+omaxtail:
+	TESTQ CX, CX
+	JZ omaxdone
+	TAILMASK
+	VMOVUPS.Z (SI), K1, Z0
+	VMULPS Z0, Z9, Z0
+	VMOVUPS Z0, K1, (SI)
+	VMAXPS Z0, Z10, K1, Z10
+omaxdone:
+	VEXTRACTF64X4 $1, Z10, Y11
+	VMAXPS Y11, Y10, Y10
+	VEXTRACTF128 $1, Y10, X11
+	VMAXPS X11, X10, X10
+	VPERMILPS $0x4e, X10, X11
+	VMAXPS X11, X10, X10
+	VPERMILPS $0xb1, X10, X11
+	VMAXPS X11, X10, X10
+	VMOVSS X10, mx+24(FP)
+	VBROADCASTSS X10, Z11
+	VPXORD Z12, Z12, Z12
+	MOVQ x+0(FP), SI
+	MOVQ n+8(FP), CX
+oexp:
+	CMPQ CX, $16
+	JLT oexptail
+	VMOVUPS (SI), Z0
+	VSUBPS Z11, Z0, Z0
+	EXP(Z0)
+	VMOVUPS Z0, (SI)
+	VADDPS Z0, Z12, Z12
+	ADDQ $64, SI
+	SUBQ $16, CX
+	JMP oexp
+oexptail:
+	TESTQ CX, CX
+	JZ oexpdone
+	TAILMASK
+	VMOVUPS.Z (SI), K1, Z0
+	VSUBPS Z11, Z0, Z0
+	EXP(Z0)
+	VMOVUPS Z0, K1, (SI)
+	VADDPS Z0, Z12, K1, Z12
+oexpdone:
+	VEXTRACTF64X4 $1, Z12, Y13
+	VADDPS Y13, Y12, Y12
+	VEXTRACTF128 $1, Y12, X13
+	VADDPS X13, X12, X12
+	VPERMILPS $0x4e, X12, X13
+	VADDPS X13, X12, X12
+	VPERMILPS $0xb1, X12, X13
+	VADDPS X13, X12, X12
+	VMOVSS X12, sum+28(FP)
+	VZEROUPPER
+	RET

@@ -142,6 +142,104 @@ func mix4F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws 
 //go:noescape
 func mix4BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
 
+// Tiled attention (attntile.go).
+
+//go:noescape
+func tileKF32AVX512(kt *float32, kr unsafe.Pointer, stride, d int)
+
+//go:noescape
+func tileKF16AVX512(kt *float32, kr unsafe.Pointer, stride, d int)
+
+//go:noescape
+func tileKBF16AVX512(kt *float32, kr unsafe.Pointer, stride, d int)
+
+//go:noescape
+func scoresTile1AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile2AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile3AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile4AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile5AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile6AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile7AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func scoresTile8AVX512(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int)
+
+//go:noescape
+func mix5F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix6F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix7F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix8F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix5F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix6F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix7F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix8F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix5BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix6BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix7BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix8BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix1F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix2F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix3F32AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix1F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix2F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix3F16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix1BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix2BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
+//go:noescape
+func mix3BF16AVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)
+
 // The exported wrappers have checked the bounds.
 
 func scoresF32Vec(s, q, k []float32, stride int) {
@@ -194,6 +292,21 @@ func setFloatAVX512(o *Ops) {
 	o.attnMixF16 = mixF16Vec
 	o.attnMixBF16 = mixBF16Vec
 	o.h4 = heads4{scores4F32AVX512, scores4F16AVX512, scores4BF16AVX512, mix4F32AVX512, mix4F16AVX512, mix4BF16AVX512}
+	o.tile = tiles{
+		tileF32: tileKF32AVX512, tileF16: tileKF16AVX512, tileBF16: tileKBF16AVX512,
+		scores: [9]func(s *float32, off, ss int, q *float32, qs int, kt *float32, d, mask int){nil,
+			scoresTile1AVX512, scoresTile2AVX512, scoresTile3AVX512, scoresTile4AVX512,
+			scoresTile5AVX512, scoresTile6AVX512, scoresTile7AVX512, scoresTile8AVX512},
+	}
+	o.tile.softmaxOnline = softmaxOnlineAVX512
+	o.tile.mixF32[1], o.tile.mixF16[1], o.tile.mixBF16[1] = mix1F32AVX512, mix1F16AVX512, mix1BF16AVX512
+	o.tile.mixF32[2], o.tile.mixF16[2], o.tile.mixBF16[2] = mix2F32AVX512, mix2F16AVX512, mix2BF16AVX512
+	o.tile.mixF32[3], o.tile.mixF16[3], o.tile.mixBF16[3] = mix3F32AVX512, mix3F16AVX512, mix3BF16AVX512
+	o.tile.mixF32[4], o.tile.mixF16[4], o.tile.mixBF16[4] = mix4F32AVX512, mix4F16AVX512, mix4BF16AVX512
+	o.tile.mixF32[5], o.tile.mixF16[5], o.tile.mixBF16[5] = mix5F32AVX512, mix5F16AVX512, mix5BF16AVX512
+	o.tile.mixF32[6], o.tile.mixF16[6], o.tile.mixBF16[6] = mix6F32AVX512, mix6F16AVX512, mix6BF16AVX512
+	o.tile.mixF32[7], o.tile.mixF16[7], o.tile.mixBF16[7] = mix7F32AVX512, mix7F16AVX512, mix7BF16AVX512
+	o.tile.mixF32[8], o.tile.mixF16[8], o.tile.mixBF16[8] = mix8F32AVX512, mix8F16AVX512, mix8BF16AVX512
 	o.dotF32 = dotF32Vec
 	o.dotF16 = dotF16Vec
 	o.dotBF16 = dotBF16Vec

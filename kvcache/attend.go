@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"math"
 	"runtime"
 
 	"pagoda/model"
@@ -71,6 +72,22 @@ type attnScratch struct {
 	scores                  []float32
 	below, shift            []int     // per query: a QueryShifter's bound and distance
 	qrot                    []float32 // the queries rotated by shift
+	kt                      []float32 // the keys of page ktPage, tiled (kernels.TileK*)
+	ktPage                  int
+	total                   int       // scores after selectSpans
+	m, l                    []float32 // online softmax: per query and head, largest score and sum
+	cur0, col0              []int     // walk state at the start of an online block
+	blockCol                []int     // per online block and query: its first column (whole rows kept)
+	blockM                  []float32 // per online block, query and head: the running maximum after it
+}
+
+// tiledPages is Pages whose keys can be transposed per tile, for scores
+// by kernels.AttnScoresTile; TileK fills kt (a page's tokens × dim
+// floats), using scratch (as many) if it needs to. Tiles is false where
+// the format or the kernels cannot.
+type tiledPages interface {
+	Tiles() bool
+	TileK(kt, scratch []float32, page, head int)
 }
 
 // Attend implements model.KVCache with a two-pass softmax over the rows
@@ -94,74 +111,297 @@ func (kv *Storage) AttendHeads(layer, lo, hi, kh0, kh1 int, q, out []float32, p 
 	ls := &kv.layers[layer]
 	gi := ls.group
 	g := &kv.groups[gi]
-	vp, vd := ls.v, g.VDim
-	if vp == nil {
-		vp, vd = ls.k, g.KDim
+	a := attnCall{kv: kv, layer: layer, p: p, q: q, out: out, vp: ls.v, vd: g.VDim, kd: g.KDim}
+	if a.vp == nil {
+		a.vp, a.vd = ls.k, g.KDim
 	}
 	if p.NKVHead != g.NKVHead || p.HeadDim != g.KDim || p.NHead%p.NKVHead != 0 {
 		panic(fmt.Sprintf("kvcache: attention of %d heads over %d kv heads of %d on layer %d, stored as %d kv heads of %d",
 			p.NHead, p.NKVHead, p.HeadDim, layer, g.NKVHead, g.KDim))
 	}
-	sq := &st.seqs[st.rows[lo].seq]
-	pol := kv.policyOf(gi, sq.id)
+	a.sq = &st.seqs[st.rows[lo].seq]
+	pol := kv.policyOf(gi, a.sq.id)
 	sc, _ := kv.scratch.Get().(*attnScratch)
 	if sc == nil {
 		sc = new(attnScratch)
 	}
 	defer kv.scratch.Put(sc)
-	group, n := p.NHead/p.NKVHead, hi-lo
-	total := kv.clip(sc, sq, gi, lo, hi, p.Window, group)
-	if cap(sc.scores) < total {
-		sc.scores = make([]float32, total)
-	}
-	scores := sc.scores[:total]
-	obs, _ := pol.(ScoreObserver)
+	a.sc, a.group, a.n = sc, p.NHead/p.NKVHead, hi-lo
+	a.total = kv.clip(sc, a.sq, gi, lo, hi, p.Window, a.group)
+	a.obs, _ = pol.(ScoreObserver)
 	sel, _ := pol.(PageSelector)
 	if sel != nil {
 		sc.all, sc.allSo = append(sc.all[:0], sc.spans...), append(sc.allSo[:0], sc.so...)
 	}
-	kd, qd, od := g.KDim, p.NHead*g.KDim, p.NHead*vd
-	shifted := kv.shiftQueries(sc, pol, sq.id, q[:n*qd], qd)
+	a.qd, a.od = p.NHead*a.kd, p.NHead*a.vd
+	a.shifted = kv.shiftQueries(sc, pol, a.sq.id, q[:a.n*a.qd], a.qd)
+	a.score = kv.scorer(sc, ls.k, a.group, a.kd)
 	for kh := kh0; kh < kh1; kh++ {
+		sc.ktPage = -1
 		if sel != nil {
-			kv.selectSpans(sc, sel, layer, sq.id, kh, func(i int) []float32 {
-				return q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
-			}, n, group)
+			kv.selectSpans(sc, sel, layer, a.sq.id, kh, func(i int) []float32 { return a.qOf(q, i, kh) }, a.n, a.group)
+			a.total = sc.total
 		}
-		kv.walk(sc, sq, n, func(i, blk, page, from, to, col int) {
-			qi := q[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
-			if shifted && sc.shift[i] != 0 {
-				// Keys below the bound are scored from the shifted query.
-				b := sc.below[i] - blk*kv.bs
-				qs := sc.qrot[i*qd+kh*group*kd : i*qd+(kh+1)*group*kd]
-				if b >= to {
-					qi = qs
-				} else if b > from {
-					ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qs, page, kh, from, b)
-					col, from = col+b-from, b
+		if kv.ops.Tiled() {
+			a.online(kh)
+		} else {
+			a.twoPass(kh)
+		}
+	}
+}
+
+// attnCall is one AttendHeads call's state, shared by its passes.
+type attnCall struct {
+	kv                     *Storage
+	sc                     *attnScratch
+	sq                     *stepSeq
+	vp                     Pages
+	obs                    ScoreObserver
+	p                      model.AttnParams
+	q, out                 []float32
+	layer, n, group, total int
+	kd, vd, qd, od         int
+	shifted, rows          bool // rows: online keeps whole score rows
+	S                      int  // online block slots
+	score                  func(s []float32, ss int, q []float32, page, head, from, to int)
+}
+
+// qOf is query i's vectors of KV head kh's group in q (the queries or
+// their rotated copy).
+func (a *attnCall) qOf(q []float32, i, kh int) []float32 {
+	return q[i*a.qd+kh*a.group*a.kd : i*a.qd+(kh+1)*a.group*a.kd]
+}
+
+// outOf is query i's outputs of KV head kh's group.
+func (a *attnCall) outOf(i, kh int) []float32 {
+	return a.out[i*a.od+kh*a.group*a.vd : i*a.od+(kh+1)*a.group*a.vd]
+}
+
+// scoreQuery scores query i against slots [from, to) of page (logical
+// block blk) into dst (heads ss apart); keys below a QueryShifter's bound
+// are scored from the shifted query.
+func (a *attnCall) scoreQuery(dst []float32, ss, i, blk, page, kh, from, to int) {
+	sc := a.sc
+	qi := a.qOf(a.q, i, kh)
+	if a.shifted && sc.shift[i] != 0 {
+		b := sc.below[i] - blk*a.kv.bs
+		qs := a.qOf(sc.qrot, i, kh)
+		if b >= to {
+			qi = qs
+		} else if b > from {
+			a.score(dst, ss, qs, page, kh, from, b)
+			dst, from = dst[b-from:], b
+		}
+	}
+	a.score(dst, ss, qi, page, kh, from, to)
+}
+
+// twoPass is attention with every query's whole score rows materialized:
+// scores, softmax, then the weighted values. Policies that observe the
+// attention probabilities need it.
+func (a *attnCall) twoPass(kh int) {
+	kv, sc := a.kv, a.sc
+	if cap(sc.scores) < a.total {
+		sc.scores = make([]float32, a.total)
+	}
+	scores := sc.scores[:a.total]
+	kv.walk(sc, a.sq, a.n, func(i, blk, page, from, to, col int) {
+		a.scoreQuery(scores[sc.base[i]+col:], sc.ln[i], i, blk, page, kh, from, to)
+	})
+	for i := 0; i < a.n; i++ {
+		L := sc.ln[i]
+		clear(a.outOf(i, kh))
+		for j := 0; j < a.group && L > 0; j++ {
+			row := scores[sc.base[i]+j*L : sc.base[i]+(j+1)*L]
+			kv.ops.ScaleF32(row, a.p.Scale)
+			kv.ops.Softmax(row)
+			if a.obs != nil {
+				a.obs.ObserveScores(a.layer, a.sq.id, sc.pos[i], kh*a.group+j, sc.spans[sc.so[i]:sc.so[i+1]], row)
+			}
+		}
+	}
+	kv.walk(sc, a.sq, a.n, func(i, _, page, from, to, col int) {
+		a.vp.Mix(a.outOf(i, kh), scores[sc.base[i]+col:], sc.ln[i], page, kh, from, to)
+	})
+}
+
+// onlineSlots is how many positions an online-softmax block spans (a
+// whole number of pages): its scores, for a call's queries and heads,
+// stay in the core's cache between scoring and mixing.
+const onlineSlots = 128
+
+// online is attention one block of positions at a time with an online
+// softmax (as FlashAttention computes it): each block's scores are scored,
+// exponentiated against the running maximum and mixed while still in
+// cache, and the outputs rescaled when a later block raises the maximum.
+// Blocks are fixed by absolute position, so a query's arithmetic does not
+// depend on the other queries in the call. Without an observer only a
+// block's scores are held, never whole rows (sc.ln[i] × group floats per
+// query, megabytes at long context). A policy that observes the attention
+// probabilities gets the same output from the same arithmetic over whole
+// rows, and then the rows' probabilities.
+func (a *attnCall) online(kh int) {
+	kv, sc := a.kv, a.sc
+	S := max(kv.bs, onlineSlots/kv.bs*kv.bs)
+	ng := a.n * a.group
+	a.layout(S)
+	sc.m, sc.l = grow(sc.m, ng), grow(sc.l, ng)
+	for r := range ng {
+		sc.m[r], sc.l[r] = float32(math.Inf(-1)), 0
+	}
+	for i := 0; i < a.n; i++ {
+		clear(a.outOf(i, kh))
+	}
+	sc.blockCol, sc.blockM = sc.blockCol[:0], sc.blockM[:0]
+	first, last := kv.walkStart(sc, a.n)
+	// Blocks start at multiples of S whatever the first position a call
+	// sees, so that a query's blocks are the same in every call.
+	per := S / kv.bs
+	for b0 := first / per * per; first >= 0 && b0 <= last; b0 += per {
+		b1 := min(b0+per, last+1)
+		sc.cur0, sc.col0 = append(sc.cur0[:0], sc.cur...), append(sc.col0[:0], sc.col...)
+		kv.walkPages(sc, a.sq, a.n, b0, b1, func(i, blk, page, from, to, col int) {
+			a.scoreQuery(sc.scores[a.rowOff(i, 0)+col:], a.ss(i), i, blk, page, kh, from, to)
+		})
+		a.softmaxBlock(kh)
+		copy(sc.cur, sc.cur0)
+		copy(sc.col, sc.col0)
+		kv.walkPages(sc, a.sq, a.n, b0, b1, func(i, _, page, from, to, col int) {
+			a.vp.Mix(a.outOf(i, kh), sc.scores[a.rowOff(i, 0)+col:], a.ss(i), page, kh, from, to)
+		})
+	}
+	for i := 0; i < a.n; i++ {
+		for j := 0; j < a.group; j++ {
+			if l := sc.l[i*a.group+j]; l > 0 {
+				kv.ops.ScaleF32(a.outOf(i, kh)[j*a.vd:(j+1)*a.vd], 1/l)
+			}
+		}
+	}
+	if a.obs != nil {
+		a.observe(kh)
+	}
+}
+
+// layout sizes sc.scores for online: a block of S slots per query and
+// head, or whole rows (clip's layout) for an observer.
+func (a *attnCall) layout(S int) {
+	sc := a.sc
+	a.S, a.rows = S, a.obs != nil
+	n := a.n * a.group * S
+	if a.rows {
+		n = a.total
+	}
+	if cap(sc.scores) < n {
+		sc.scores = make([]float32, n)
+	}
+	sc.scores = sc.scores[:n]
+}
+
+// rowOff is where head j's scores of query i start in sc.scores, at the
+// column where the row's current block starts counting (col0: columns
+// count the query's visible positions from its first).
+func (a *attnCall) rowOff(i, j int) int {
+	if a.rows {
+		return a.sc.base[i] + j*a.sc.ln[i]
+	}
+	return (i*a.group+j)*a.S - a.sc.col0[i]
+}
+
+// ss is how far apart query i's heads' scores are.
+func (a *attnCall) ss(i int) int {
+	if a.rows {
+		return a.sc.ln[i]
+	}
+	return a.S
+}
+
+// softmaxBlock exponentiates each query's and head's scores of the block
+// against the running maximum, rescaling the output and sum so far where
+// the block raises it; with whole rows kept it notes each block's columns
+// and maxima for observe.
+func (a *attnCall) softmaxBlock(kh int) {
+	kv, sc := a.kv, a.sc
+	if a.rows {
+		sc.blockCol = append(sc.blockCol, sc.col0...)
+	}
+	for i := 0; i < a.n; i++ {
+		c0, c1 := sc.col0[i], sc.col[i]
+		o := a.outOf(i, kh)
+		for j := 0; j < a.group; j++ {
+			r := i*a.group + j
+			m := sc.m[r]
+			if c1 > c0 {
+				off := a.rowOff(i, j)
+				mx, sum := kv.ops.SoftmaxOnline(sc.scores[off+c0:off+c1], a.p.Scale, m)
+				if mx != m && sc.l[r] > 0 {
+					alpha := float32(math.Exp(float64(m - mx)))
+					kv.ops.ScaleF32(o[j*a.vd:(j+1)*a.vd], alpha)
+					sc.l[r] *= alpha
+				}
+				sc.m[r], sc.l[r] = mx, sc.l[r]+sum
+			}
+			if a.rows {
+				sc.blockM = append(sc.blockM, sc.m[r])
+			}
+		}
+	}
+}
+
+// observe turns the whole rows of exponentials (each block's against its
+// running maximum) into probabilities and hands them to the observer.
+func (a *attnCall) observe(kh int) {
+	sc := a.sc
+	nb := len(sc.blockCol) / a.n
+	for i := 0; i < a.n; i++ {
+		L := sc.ln[i]
+		for j := 0; j < a.group && L > 0; j++ {
+			r := i*a.group + j
+			row := sc.scores[sc.base[i]+j*L : sc.base[i]+(j+1)*L]
+			for b := 0; b < nb; b++ {
+				c0, c1 := sc.blockCol[b*a.n+i], L
+				if b+1 < nb {
+					c1 = sc.blockCol[(b+1)*a.n+i]
+				}
+				if c1 > c0 {
+					f := float32(math.Exp(float64(sc.blockM[b*a.n*a.group+r]-sc.m[r]))) / sc.l[r]
+					a.kv.ops.ScaleF32(row[c0:c1], f)
 				}
 			}
-			ls.k.Scores(scores[sc.base[i]+col:], sc.ln[i], qi, page, kh, from, to)
-		})
-		for i := 0; i < n; i++ {
-			L := sc.ln[i]
-			for j := 0; j < group; j++ {
-				clear(out[i*od+(kh*group+j)*vd : i*od+(kh*group+j+1)*vd])
-				if L == 0 {
-					continue
-				}
-				row := scores[sc.base[i]+j*L : sc.base[i]+(j+1)*L]
-				kv.ops.ScaleF32(row, p.Scale)
-				kv.ops.Softmax(row)
-				if obs != nil {
-					obs.ObserveScores(layer, sq.id, sc.pos[i], kh*group+j, sc.spans[sc.so[i]:sc.so[i+1]], row)
-				}
-			}
+			a.obs.ObserveScores(a.layer, a.sq.id, sc.pos[i], kh*a.group+j, sc.spans[sc.so[i]:sc.so[i+1]], row)
 		}
-		kv.walk(sc, sq, n, func(i, _, page, from, to, col int) {
-			oi := out[i*od+kh*group*vd : i*od+(kh+1)*group*vd]
-			vp.Mix(oi, scores[sc.base[i]+col:], sc.ln[i], page, kh, from, to)
-		})
+	}
+}
+
+// grow returns s resized to n (reallocated when short).
+func grow(s []float32, n int) []float32 {
+	if cap(s) < n {
+		return make([]float32, n)
+	}
+	return s[:n]
+}
+
+// scorer is how AttendHeads scores a page: through the tiled keys where
+// the pages tile and a GQA group shares them (one tiling per page and KV
+// head serves every query and head; a single head per KV head gains too
+// little over the row kernels to pay for it), else page by page. The
+// choice depends on the model's shape and the format only, never on the
+// queries in the call, so every query gets the same arithmetic in decode
+// and in any prefill chunk.
+func (kv *Storage) scorer(sc *attnScratch, k Pages, group, kd int) func(s []float32, ss int, q []float32, page, head, from, to int) {
+	tp, ok := k.(tiledPages)
+	if !ok || group < 2 || !tp.Tiles() {
+		return k.Scores
+	}
+	if n := 2 * kv.bs * kd; cap(sc.kt) < n {
+		sc.kt = make([]float32, n)
+	}
+	return func(s []float32, ss int, q []float32, page, head, from, to int) {
+		if page != sc.ktPage {
+			n := kv.bs * kd
+			tp.TileK(sc.kt[:n], sc.kt[n:2*n], page, head)
+			sc.ktPage = page
+		}
+		kv.ops.AttnScoresTile(s, ss, q, kd, sc.kt[:kv.bs*kd], from, to)
 	}
 }
 
@@ -258,6 +498,7 @@ func (kv *Storage) selectSpans(sc *attnScratch, sel PageSelector, layer int, seq
 		sc.ln[i], sc.base[i] = L, total
 		total += group * L
 	}
+	sc.total = total
 	sc.so = append(sc.so, len(sc.spans))
 }
 
@@ -277,7 +518,15 @@ func inside(s Span, all []Span) bool {
 // blk, physical page page, which are positions col.. of query i's visible
 // positions.
 func (kv *Storage) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, page, from, to, col int)) {
-	first, last := -1, -1
+	if first, last := kv.walkStart(sc, n); first >= 0 {
+		kv.walkPages(sc, sq, n, first, last+1, fn)
+	}
+}
+
+// walkStart resets the walk state of sc's n queries and returns the first
+// and last logical blocks any of them sees (-1, -1 when none).
+func (kv *Storage) walkStart(sc *attnScratch, n int) (first, last int) {
+	first, last = -1, -1
 	sc.cur, sc.col = sc.cur[:0], sc.col[:0]
 	for i := 0; i < n; i++ {
 		sc.cur, sc.col = append(sc.cur, sc.so[i]), append(sc.col, 0)
@@ -288,10 +537,13 @@ func (kv *Storage) walk(sc *attnScratch, sq *stepSeq, n int, fn func(i, blk, pag
 			last = max(last, (sc.spans[b-1].To-1)/kv.bs)
 		}
 	}
-	if first < 0 {
-		return
-	}
-	for j := first; j <= last; j++ {
+	return first, last
+}
+
+// walkPages continues the walk over logical blocks [j0, j1), which must
+// follow the blocks walked since walkStart.
+func (kv *Storage) walkPages(sc *attnScratch, sq *stepSeq, n, j0, j1 int, fn func(i, blk, page, from, to, col int)) {
+	for j := j0; j < j1; j++ {
 		pLo, pHi := j*kv.bs, (j+1)*kv.bs
 		page := -2
 		for i := 0; i < n; i++ {

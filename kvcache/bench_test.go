@@ -171,3 +171,38 @@ func BenchmarkAttendDepth(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkAttendPrefillDepth is the attention of the last 256 prompt
+// positions of a ctx-token prompt, one thread, in the model's pieces of 16
+// queries: the work that dominates a long prompt's prefill.
+func BenchmarkAttendPrefillDepth(b *testing.B) {
+	for _, ctx := range []int{4096, 16384} {
+		for _, f := range []Format{F16, F32, Q8_0} {
+			b.Run(fmt.Sprintf("%s/ctx%d", f, ctx), func(b *testing.B) { benchPrefillDepth(b, f, ctx, 256, 16) })
+		}
+	}
+}
+
+func benchPrefillDepth(b *testing.B, f Format, ctx, rows, piece int) {
+	c := benchCache(b, 1, ctx, f)
+	qd := benchAttn.NHead * benchAttn.HeadDim
+	q, out := benchQ(rows), make([]float32, rows*qd)
+	batch := &model.Batch{Tokens: make([]int32, rows), Pos: make([]int32, rows), Seq: make([]int32, rows)}
+	for i := range batch.Pos {
+		batch.Pos[i] = int32(ctx - rows + i)
+	}
+	b.ResetTimer()
+	cpu0 := cpuTime()
+	for it := 0; it < b.N; it++ {
+		if err := c.Begin(batch); err != nil {
+			b.Fatal(err)
+		}
+		for lo := 0; lo < rows; lo += piece {
+			c.Attend(0, lo, lo+piece, q[lo*qd:(lo+piece)*qd], out[lo*qd:(lo+piece)*qd], benchAttn)
+		}
+	}
+	flop := 4.0 * float64(benchAttn.NHead*benchAttn.HeadDim) * float64(rows) * float64(ctx-rows/2)
+	ns := float64(cpuTime()-cpu0) / float64(b.N)
+	b.ReportMetric(ns, "cpu-ns/op")
+	b.ReportMetric(flop/ns, "GFLOP/s")
+}

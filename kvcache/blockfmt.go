@@ -94,6 +94,9 @@ func (f BlockFormat) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *
 	case IQ4_NL:
 		p.attn = ops.AttnIQ4_NL()
 	}
+	if ops.Tiled() && p.attn.CanWiden() && tokens%kernels.TileSlots == 0 {
+		p.ops, p.tokens = ops, tokens
+	}
 	return p
 }
 
@@ -121,15 +124,28 @@ func ParseFormat(s string) (Format, error) {
 	return d, nil
 }
 
-// blockPages stores rows as ggml blocks. Scores and Mix read the blocks
-// in place with the fused kernels of package kernels (codes times the
-// query, one scale and min per block), never expanding a row to floats.
+// blockPages stores rows as ggml blocks. Mix reads the blocks in place
+// with the fused kernels of package kernels (codes times the weight, one
+// scale and min per block), and so does Scores; attention that tiles the
+// keys (tiledPages) widens a page's keys once for all its queries.
 type blockPages struct {
 	t                              quant.Type
 	dim                            int
 	headBytes, rowBytes, pageBytes int
 	data                           []byte
 	attn                           kernels.BlockAttn
+	ops                            *kernels.Ops // set where the keys tile (tiledPages)
+	tokens                         int
+}
+
+// Tiles implements tiledPages.
+func (p *blockPages) Tiles() bool { return p.ops != nil }
+
+// TileK implements tiledPages: the page's rows of head widened into
+// scratch, then transposed.
+func (p *blockPages) TileK(kt, scratch []float32, page, head int) {
+	p.attn.Widen(scratch, p.rows(page, head, 0, p.tokens), p.dim, p.rowBytes, p.tokens)
+	p.ops.TileKF32(kt, scratch, p.dim, p.dim, p.tokens)
 }
 
 // nanF16 is the scale a block with a NaN or Inf gets: the row reads back

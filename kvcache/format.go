@@ -55,16 +55,26 @@ func (d DType) NewPages(n, tokens, heads, dim int, ops *kernels.Ops, mem *PageMe
 	switch d {
 	case F32:
 		cp := func(dst, src []float32) { copy(dst, src) }
-		return &floatPages[float32]{pageGeom: g, data: PageArray[float32](mem, n*g.pageLen),
-			put: cp, get: cp, scores: ops.AttnScoresHeadsF32, mix: ops.AttnMixHeadsF32}
+		return tiled(&floatPages[float32]{pageGeom: g, data: PageArray[float32](mem, n*g.pageLen),
+			put: cp, get: cp, scores: ops.AttnScoresHeadsF32, mix: ops.AttnMixHeadsF32, tile: ops.TileKF32}, ops, tokens)
 	case F16:
-		return &floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
-			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresHeadsF16, mix: ops.AttnMixHeadsF16}
+		return tiled(&floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
+			put: ops.F32ToF16Row, get: ops.F16ToF32Row, scores: ops.AttnScoresHeadsF16, mix: ops.AttnMixHeadsF16, tile: ops.TileKF16}, ops, tokens)
 	case BF16:
-		return &floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
-			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresHeadsBF16, mix: ops.AttnMixHeadsBF16}
+		return tiled(&floatPages[uint16]{pageGeom: g, data: PageArray[uint16](mem, n*g.pageLen),
+			put: ops.F32ToBF16Row, get: ops.BF16ToF32Row, scores: ops.AttnScoresHeadsBF16, mix: ops.AttnMixHeadsBF16, tile: ops.TileKBF16}, ops, tokens)
 	}
 	panic(fmt.Sprintf("kvcache: no pages for %v", d))
+}
+
+// tiled keeps p's key tiling only where the kernels can use it: a set
+// with the tiled kernels, heads a multiple of 16 wide, whole tiles a page.
+func tiled[E float32 | uint16](p *floatPages[E], ops *kernels.Ops, tokens int) *floatPages[E] {
+	if !ops.Tiled() || p.dim%16 != 0 || tokens%kernels.TileSlots != 0 {
+		p.tile = nil
+	}
+	p.tokens = tokens
+	return p
 }
 
 // pageGeom locates rows in a flat array of pages: heads interleaved in a
@@ -87,6 +97,17 @@ type floatPages[E float32 | uint16] struct {
 	get    func(dst []float32, src []E)
 	scores func(s []float32, ss int, q []float32, d int, k []E, stride, n int)
 	mix    func(out []float32, d int, w []float32, ws int, v []E, stride, n int)
+	tile   func(kt []float32, k []E, stride, d, n int) // nil: no tiled scores
+	tokens int
+}
+
+// Tiles implements tiledPages.
+func (p *floatPages[E]) Tiles() bool { return p.tile != nil }
+
+// TileK implements tiledPages; floats need no scratch.
+func (p *floatPages[E]) TileK(kt, _ []float32, page, head int) {
+	lo := page*p.pageLen + head*p.dim
+	p.tile(kt, p.data[lo:lo+(p.tokens-1)*p.rowLen+p.dim], p.rowLen, p.dim, p.tokens)
 }
 
 func (p *floatPages[E]) Put(page, slot int, row []float32) {
