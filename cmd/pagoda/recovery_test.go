@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -44,6 +45,28 @@ func startWorkerAt(t *testing.T, path, addr string) (string, *exec.Cmd) {
 	}
 	go io.Copy(io.Discard, out)
 	return got, cmd
+}
+
+// stopProc stops cmd's process with SIGSTOP and, on Linux, waits until
+// the kernel shows it stopped, so what the test does next meets a worker
+// that cannot answer.
+func stopProc(t *testing.T, cmd *exec.Cmd) {
+	t.Helper()
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatalf("SIGSTOP to worker %d: %v", cmd.Process.Pid, err)
+	}
+	stat := fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		b, err := os.ReadFile(stat)
+		if err != nil {
+			return // no /proc: trust the signal
+		}
+		// The state follows the command's closing parenthesis.
+		if i := strings.LastIndexByte(string(b), ')'); i >= 0 && i+2 < len(b) && (b[i+2] == 'T' || b[i+2] == 't') {
+			return
+		}
+	}
+	t.Fatalf("worker %d not stopped 5s after SIGSTOP", cmd.Process.Pid)
 }
 
 // get is a GET's status and body.
@@ -190,7 +213,7 @@ func TestWorkerRecovery(t *testing.T) {
 			fail := func() { victim.Process.Kill(); victim.Wait() }
 			switch {
 			case c.stop:
-				fail = func() { victim.Process.Signal(syscall.SIGSTOP) }
+				fail = func() { stopProc(t, victim) }
 				defer victim.Process.Signal(syscall.SIGCONT)
 			case c.cut:
 				fail = px.cut

@@ -246,7 +246,7 @@ func TestServeWorkerStalls(t *testing.T) {
 			if complete(t, addr, "Once upon a time", 8) == "" {
 				t.Fatal("no completion before the stall")
 			}
-			victim.Process.Signal(syscall.SIGSTOP)
+			stopProc(t, victim)
 			defer victim.Process.Signal(syscall.SIGCONT)
 			client := &http.Client{Timeout: 60 * time.Second}
 			body, _ := json.Marshal(map[string]any{"prompt": "The dog", "max_tokens": 8, "temperature": 0})
