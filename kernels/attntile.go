@@ -120,3 +120,15 @@ func AttnScoresTileRef(s []float32, ss int, q []float32, d int, kt []float32, fr
 		}
 	}
 }
+
+// PrefetchRows asks for n rows of bytes bytes each, stride bytes apart
+// from the start of rows, to be brought into the core's cache (L2) ahead of
+// use: attention at depth calls it for the next pages it will read, whose
+// addresses no hardware prefetcher can guess (pages are scattered over the
+// pool).
+func PrefetchRows[E any](rows []E, n, stride, bytes int) {
+	if len(rows) == 0 || n <= 0 || bytes <= 0 {
+		return
+	}
+	prefetchRows(unsafe.Pointer(&rows[0]), n, stride, (bytes+63)/64)
+}

@@ -111,7 +111,7 @@ func (kv *Storage) AttendHeads(layer, lo, hi, kh0, kh1 int, q, out []float32, p 
 	ls := &kv.layers[layer]
 	gi := ls.group
 	g := &kv.groups[gi]
-	a := attnCall{kv: kv, layer: layer, p: p, q: q, out: out, vp: ls.v, vd: g.VDim, kd: g.KDim}
+	a := attnCall{kv: kv, layer: layer, p: p, q: q, out: out, k: ls.k, vp: ls.v, vd: g.VDim, kd: g.KDim}
 	if a.vp == nil {
 		a.vp, a.vd = ls.k, g.KDim
 	}
@@ -155,7 +155,7 @@ type attnCall struct {
 	kv                     *Storage
 	sc                     *attnScratch
 	sq                     *stepSeq
-	vp                     Pages
+	k, vp                  Pages
 	obs                    ScoreObserver
 	p                      model.AttnParams
 	q, out                 []float32
@@ -259,6 +259,7 @@ func (a *attnCall) online(kh int) {
 	per := S / kv.bs
 	for b0 := first / per * per; first >= 0 && b0 <= last; b0 += per {
 		b1 := min(b0+per, last+1)
+		a.prefetch(kh, b1, min(b1+per, last+1))
 		sc.cur0, sc.col0 = append(sc.cur0[:0], sc.cur...), append(sc.col0[:0], sc.col...)
 		kv.walkPages(sc, a.sq, a.n, b0, b1, func(i, blk, page, from, to, col int) {
 			a.scoreQuery(sc.scores[a.rowOff(i, 0)+col:], a.ss(i), i, blk, page, kh, from, to)
@@ -279,6 +280,26 @@ func (a *attnCall) online(kh int) {
 	}
 	if a.obs != nil {
 		a.observe(kh)
+	}
+}
+
+// prefetcher is Pages that can ask for a page's rows of one head ahead
+// of use.
+type prefetcher interface{ Prefetch(page, head int) }
+
+// prefetch asks for the K and V rows of head kh in logical blocks
+// [j0, j1): the next online block's pages, while this block computes.
+func (a *attnCall) prefetch(kh, j0, j1 int) {
+	kp, _ := a.k.(prefetcher)
+	vp, _ := a.vp.(prefetcher)
+	if kp == nil || vp == nil {
+		return
+	}
+	for j := j0; j < j1; j++ {
+		if pg := int(a.sq.blocks[j]); pg >= 0 {
+			kp.Prefetch(pg, kh)
+			vp.Prefetch(pg, kh)
+		}
 	}
 }
 

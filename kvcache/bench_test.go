@@ -206,3 +206,49 @@ func benchPrefillDepth(b *testing.B, f Format, ctx, rows, piece int) {
 	b.ReportMetric(ns, "cpu-ns/op")
 	b.ReportMetric(flop/ns, "GFLOP/s")
 }
+
+// BenchmarkAttendDepthLayers is one decode query at depth 16k through 8
+// layers in turn (134 MB of f16 K/V, far beyond the caches), one thread:
+// what a decode step reads at depth, from memory rather than from a
+// cache that one repeated layer stays in.
+func BenchmarkAttendDepthLayers(b *testing.B) {
+	const layers, ctx = 8, 16384
+	p := benchAttn
+	for _, f := range []Format{F16, Q8_0} {
+		b.Run(f.String(), func(b *testing.B) {
+			c, err := New(Config{NLayer: layers, NKVHead: p.NKVHead, HeadDim: p.HeadDim, BlockSize: 16, NumBlocks: ctx/16 + 1, KFormat: f, VFormat: f})
+			if err != nil {
+				b.Fatal(err)
+			}
+			r := rand.New(rand.NewPCG(1, 1))
+			k, v := make([]float32, p.NKVHead*p.HeadDim), make([]float32, p.NKVHead*p.HeadDim)
+			if !c.Allocate(0, nil, 0, ctx) {
+				b.Fatal("allocate")
+			}
+			for i := range k {
+				k[i], v[i] = float32(r.NormFloat64()), float32(r.NormFloat64())
+			}
+			for pos := int32(0); pos < ctx; pos++ {
+				oneRow(c, 0, pos)
+				for l := 0; l < layers; l++ {
+					k[int(pos)%len(k)] = float32(r.NormFloat64())
+					c.Store(l, 0, k, v)
+				}
+			}
+			qd := p.NHead * p.HeadDim
+			q, out := benchQ(1), make([]float32, qd)
+			batch := &model.Batch{Tokens: []int32{0}, Pos: []int32{ctx - 1}, Seq: []int32{0}}
+			b.ResetTimer()
+			cpu0 := cpuTime()
+			for it := 0; it < b.N; it++ {
+				if err := c.Begin(batch); err != nil {
+					b.Fatal(err)
+				}
+				for l := 0; l < layers; l++ {
+					c.Attend(l, 0, 1, q, out, p)
+				}
+			}
+			b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N*layers), "cpu-ns/layer")
+		})
+	}
+}

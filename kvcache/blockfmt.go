@@ -141,6 +141,12 @@ type blockPages struct {
 // Tiles implements tiledPages.
 func (p *blockPages) Tiles() bool { return p.ops != nil }
 
+// Prefetch implements prefetcher.
+func (p *blockPages) Prefetch(page, head int) {
+	lo := page*p.pageBytes + head*p.headBytes
+	kernels.PrefetchRows(p.data[lo:lo+p.headBytes], p.pageBytes/p.rowBytes, p.rowBytes, p.headBytes)
+}
+
 // TileK implements tiledPages: the page's rows of head widened into
 // scratch, then transposed.
 func (p *blockPages) TileK(kt, scratch []float32, page, head int) {

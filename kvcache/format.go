@@ -2,6 +2,7 @@ package kvcache
 
 import (
 	"fmt"
+	"unsafe"
 
 	"pagoda/kernels"
 )
@@ -103,6 +104,14 @@ type floatPages[E float32 | uint16] struct {
 
 // Tiles implements tiledPages.
 func (p *floatPages[E]) Tiles() bool { return p.tile != nil }
+
+// Prefetch implements prefetcher.
+func (p *floatPages[E]) Prefetch(page, head int) {
+	var e E
+	w := int(unsafe.Sizeof(e))
+	lo := page*p.pageLen + head*p.dim
+	kernels.PrefetchRows(p.data[lo:lo+p.dim], p.pageLen/p.rowLen, p.rowLen*w, p.dim*w)
+}
 
 // TileK implements tiledPages; floats need no scratch.
 func (p *floatPages[E]) TileK(kt, _ []float32, page, head int) {
