@@ -48,9 +48,14 @@ type Ops struct {
 	attnMixF16     func(out, w []float32, v []uint16, stride int)
 	attnMixBF16    func(out, w []float32, v []uint16, stride int)
 
-	h4   heads4 // none in the generic set
-	tile tiles  // none in the generic set
+	peak peakProbe // the int8 peak probe (Int8Peak); none without VNNI
+	h4   heads4    // none in the generic set
+	tile tiles     // none in the generic set
 }
+
+// peakProbe is a set's int8 peak loop: n iterations of 1024 multiply-adds,
+// returning a sum that keeps them live; nil where the set has none.
+type peakProbe struct{ loop func(n int) int32 }
 
 // tiles is a set's assembly for tiled attention (attntile.go): the key
 // transposition per element type, the scores of 1..8 heads against one

@@ -39,6 +39,7 @@ func newSIMD(name string) *Ops {
 		o.packed, o.asmQuant = true, true
 		setFloatAVX512(o)
 		setOpsAVX512(o)
+		o.peak.loop = vnniPeakLoop
 	case "avx2":
 		o.packed, o.avx2 = true, true
 		setFloatAVX2(o)

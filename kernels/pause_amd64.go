@@ -14,3 +14,9 @@ func spinPause()
 //
 //go:noescape
 func prefetchRows(p unsafe.Pointer, n, stride, lines int)
+
+// vnniPeakLoop runs n iterations of 16 independent VPDPBUSD (peak_amd64.s)
+// and returns lane 0 of their sum (64·n) to keep them live.
+//
+//go:noescape
+func vnniPeakLoop(n int) int32

@@ -75,3 +75,28 @@ func median(x []float64) float64 {
 	}
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
+
+// Int8Peak is the machine's int8 multiply-add rate with these threads
+// (kernels.Ops.Int8Peak): the ceiling of the quantized matrix products,
+// which prefill and batched decode approach.
+type Int8Peak struct {
+	Threads int     `json:"threads"`
+	MACps   float64 `json:"macs_per_s"` // best of the repetitions
+	Median  float64 `json:"median_macs_per_s"`
+}
+
+// MeasureInt8Peak runs the probe reps times for d each on every thread
+// of p.
+func MeasureInt8Peak(p *kernels.Pool, ops *kernels.Ops, d time.Duration, reps int) (*Int8Peak, error) {
+	var rates []float64
+	for range max(reps, 1) {
+		r, err := ops.Int8Peak(p, d)
+		if err != nil {
+			return nil, err
+		}
+		rates = append(rates, r)
+	}
+	pk := &Int8Peak{Threads: p.Threads(), Median: median(rates)}
+	_, _, _, pk.MACps = stats(rates)
+	return pk, nil
+}

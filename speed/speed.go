@@ -77,6 +77,23 @@ type Result struct {
 	// mixture-of-experts model's routed experts only those the router
 	// selected count, as measured by the model's counter.
 	BytesPerToken float64 `json:"weight_bytes_per_token,omitempty"`
+	// MACsPerToken is the weight multiply-adds one token costs (every
+	// element of every matrix it goes through; 0 for a mixture of experts,
+	// whose routed share varies), and Int8Peak the machine's int8
+	// multiply-add rate measured in the same run (when probed): their
+	// product with t/s over Int8Peak is the share of the compute limit
+	// prefill or batched decode reaches.
+	MACsPerToken float64 `json:"macs_per_token,omitempty"`
+	Int8Peak     float64 `json:"int8_peak_macs_per_s,omitempty"`
+}
+
+// PeakShare is the share of the int8 compute limit r reaches (0 when
+// either is unknown).
+func (r *Result) PeakShare() float64 {
+	if r.Int8Peak <= 0 || r.MACsPerToken <= 0 {
+		return 0
+	}
+	return r.Mean * r.MACsPerToken / r.Int8Peak
 }
 
 // Run measures t on m, reps times after one warm-up run.
@@ -109,7 +126,7 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 	if err != nil {
 		return nil, err
 	}
-	r := &Result{Threads: m.Pool().Threads(), Params: c.Params()}
+	r := &Result{Threads: m.Pool().Threads(), Params: c.Params(), MACsPerToken: float64(macsPerToken(m))}
 	r.SizeBytes, r.Quant = weightBytes(m)
 	r.fill(t, batch, samples)
 	if t.Kind == "tg" {
@@ -325,6 +342,23 @@ func weightBytes(m *model.Model) (int64, string) {
 	return total, strings.Join(names, "+")
 }
 
+// macsPerToken is the multiply-adds of the weight products one token goes
+// through: every element of every matrix but the embedding table (unless
+// it doubles as the output matrix); 0 for a mixture of experts.
+func macsPerToken(m *model.Model) int64 {
+	if routedExpertBytes(m) > 0 {
+		return 0
+	}
+	var n int64
+	for _, w := range m.W.Matrices() {
+		if w == m.W.Embd && m.W.Output != m.W.Embd {
+			continue
+		}
+		n += int64(w.Rows) * int64(w.Cols)
+	}
+	return n
+}
+
 // Commit is the VCS revision the binary was built from ("unknown" in tests).
 func Commit() string {
 	if bi, ok := debug.ReadBuildInfo(); ok {
@@ -378,11 +412,11 @@ func CPUName() string {
 // PrintTable writes results in llama-bench's markdown table form; with a
 // bandwidth measurement (nil for none) each tg row also says what share of
 // it decode streams.
-func PrintTable(w io.Writer, rs []*Result, bw *Bandwidth) {
-	fmt.Fprintln(w, "| model | size | params | quant | threads | test | t/s | t/s per seq | weights GB/s | of read bw |")
-	fmt.Fprintln(w, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+func PrintTable(w io.Writer, rs []*Result, bw *Bandwidth, pk *Int8Peak) {
+	fmt.Fprintln(w, "| model | size | params | quant | threads | test | t/s | t/s per seq | weights GB/s | of read bw | of int8 peak |")
+	fmt.Fprintln(w, "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 	for _, r := range rs {
-		gb, frac, per := "", "", ""
+		gb, frac, per, peak := "", "", "", ""
 		if r.GBps > 0 {
 			gb = fmt.Sprintf("%.1f", r.GBps)
 			if r.ReadGBps > 0 {
@@ -392,11 +426,17 @@ func PrintTable(w io.Writer, rs []*Result, bw *Bandwidth) {
 		if r.PerSeq > 0 {
 			per = fmt.Sprintf("%.2f", r.PerSeq)
 		}
-		fmt.Fprintf(w, "| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %s | %s | %s |\n",
-			r.Model, float64(r.SizeBytes)/(1<<30), float64(r.Params)/1e9, r.Quant, r.Threads, r.Test, r.Mean, r.Stddev, per, gb, frac)
+		if s := r.PeakShare(); s > 0 {
+			peak = fmt.Sprintf("%.0f%%", 100*s)
+		}
+		fmt.Fprintf(w, "| %s | %.2f GiB | %.2f B | %s | %d | %s | %.2f ± %.2f | %s | %s | %s | %s |\n",
+			r.Model, float64(r.SizeBytes)/(1<<30), float64(r.Params)/1e9, r.Quant, r.Threads, r.Test, r.Mean, r.Stddev, per, gb, frac, peak)
 	}
 	if bw != nil {
 		fmt.Fprintf(w, "\nread bandwidth %.1f GB/s best, %.1f median (%d threads, %d MiB buffer)\n", bw.GBps, bw.Median, bw.Threads, bw.Bytes>>20)
+	}
+	if pk != nil {
+		fmt.Fprintf(w, "int8 peak %.1f G multiply-adds/s best, %.1f median (%d threads, VPDPBUSD alone)\n", pk.MACps/1e9, pk.Median/1e9, pk.Threads)
 	}
 	if len(rs) > 0 {
 		fmt.Fprintf(w, "\ncommit %s, %s, %s\n", rs[0].Commit, rs[0].CPU, rs[0].GoVersion)

@@ -2,6 +2,7 @@ package speed
 
 import (
 	"testing"
+	"time"
 
 	"pagoda/embedded"
 	"pagoda/kernels"
@@ -55,5 +56,49 @@ func TestBatchedDecode(t *testing.T) {
 	}
 	if four.PerSeq*4 != four.Mean || four.GBps <= 0 {
 		t.Fatalf("batched result %+v", four)
+	}
+}
+
+// TestInt8Share: a pp result counts every weight element a token goes
+// through once (the parameters less the norm weights and, where the
+// output head is a matrix of its own, the embedding table, of which a
+// token reads one row), and its share of a measured int8 peak is that
+// work at its rate.
+func TestInt8Share(t *testing.T) {
+	path, err := embedded.Path(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path, model.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	r, err := Run(m, Test{Kind: "pp", N: 32}, 1, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &m.Config
+	norms := int64(c.NEmbd) * int64(2*c.NLayer+1)
+	embd := int64(c.VocabSize) * int64(c.NEmbd)
+	if c.TiedOutput {
+		embd = 0
+	}
+	if want := float64(c.Params() - norms - embd); r.MACsPerToken != want {
+		t.Errorf("%v multiply-adds a token, want %v (parameters %d less norms %d and embedding %d)", r.MACsPerToken, want, c.Params(), norms, embd)
+	}
+	if r.PeakShare() != 0 {
+		t.Errorf("share %v without a peak", r.PeakShare())
+	}
+	pk, err := MeasureInt8Peak(m.Pool(), m.Ops(), 20*time.Millisecond, 2)
+	if err != nil {
+		t.Skip(err)
+	}
+	if pk.MACps <= 0 || pk.Median > pk.MACps || pk.Threads != 2 {
+		t.Fatalf("peak %+v", pk)
+	}
+	r.Int8Peak = pk.MACps
+	if got, want := r.PeakShare(), r.Mean*r.MACsPerToken/pk.MACps; got != want || got <= 0 {
+		t.Errorf("share %v, want %v", got, want)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"time"
 
 	"pagoda/model"
 	"pagoda/speed"
@@ -47,12 +48,13 @@ func runBench(args []string) error {
 	batch := fs.Int("b", 512, "tokens per forward pass during pp")
 	seqs := fs.String("s", "1", "sequences decoded together in tg, comma separated (batched decode, as a loaded server runs it)")
 	bwMiB := fs.Int("bw", 512, "MiB streamed by the read-bandwidth probe reported next to tg (0 = skip)")
+	peakMs := fs.Int("peak", 200, "milliseconds a repetition of the int8 compute probe runs, reported next to each test as the share of the limit its weight products reach (0 = skip)")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
 	depth := fs.Int("d", 0, "tokens already in the KV cache before each test (filled untimed, like llama-bench -d)")
 	kvf := addKVFlags(fs)
 	tpf := addTPFlags(fs)
-	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"bw", 0, 1 << 16}, {"d", 0, 1 << 24}}); err != nil {
+	if err := parseFlags(fs, args, []limit{{"r", 1, 1 << 20}, {"t", 0, maxThreads}, {"b", 1, 1 << 20}, {"bw", 0, 1 << 16}, {"peak", 0, 60000}, {"d", 0, 1 << 24}}); err != nil {
 		return err
 	}
 	if *cpuProfile != "" {
@@ -111,7 +113,7 @@ func runBench(args []string) error {
 		if err != nil {
 			return err
 		}
-		return printBench(rs, nil, *jsonOut)
+		return printBench(rs, nil, nil, *jsonOut)
 	}
 	m, err := openModel(*modelPath, model.Options{Threads: *threads, ContextLen: max(maxN+*depth, 0), MaxMemory: tpf.capBytes})
 	if err != nil {
@@ -148,15 +150,42 @@ func runBench(args []string) error {
 			}
 		}
 	}
-	return printBench(rs, bw, *jsonOut)
+	pk, err := probePeak(m, rs, *peakMs, *reps, *jsonOut)
+	if err != nil {
+		return err
+	}
+	return printBench(rs, bw, pk, *jsonOut)
 }
 
-func printBench(rs []*speed.Result, bw *speed.Bandwidth, jsonOut bool) error {
+// probePeak measures the int8 compute limit (ms per repetition; 0 skips)
+// and gives each result its share; nil where the instruction set has no
+// probe (said on stderr).
+func probePeak(m *model.Model, rs []*speed.Result, ms, reps int, quiet bool) (*speed.Int8Peak, error) {
+	if ms == 0 {
+		return nil, nil
+	}
+	pk, err := speed.MeasureInt8Peak(m.Pool(), m.Ops(), time.Duration(ms)*time.Millisecond, reps)
+	if err != nil {
+		if !quiet {
+			fmt.Fprintf(os.Stderr, "int8 peak: not measured: %v\n", err)
+		}
+		return nil, nil
+	}
+	if !quiet {
+		fmt.Fprintf(os.Stderr, "int8 peak: %.1f G multiply-adds/s\n", pk.MACps/1e9)
+	}
+	for _, r := range rs {
+		r.Int8Peak = pk.MACps
+	}
+	return pk, nil
+}
+
+func printBench(rs []*speed.Result, bw *speed.Bandwidth, pk *speed.Int8Peak, jsonOut bool) error {
 	if jsonOut {
 		enc := json.NewEncoder(os.Stdout)
 		enc.SetIndent("", "  ")
 		return enc.Encode(rs)
 	}
-	speed.PrintTable(os.Stdout, rs, bw)
+	speed.PrintTable(os.Stdout, rs, bw, pk)
 	return nil
 }

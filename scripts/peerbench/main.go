@@ -134,7 +134,7 @@ func run(args []string, out, log io.Writer) error {
 			return command(exec.Command(lb, "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-o", "json"), parseLlama)
 		}},
 		{name: "pagoda", runs: map[key][]float64{}, measure: func(m, kv string) (map[string][]float64, string, error) {
-			a := []string{"bench", "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-bw", "0", "-json"}
+			a := []string{"bench", "-m", m, "-p", strconv.Itoa(*pp), "-n", strconv.Itoa(*tg), "-t", ts, "-r", r, "-bw", "0", "-peak", "0", "-json"}
 			if *depth > 0 {
 				a = append(a, "-d", strconv.Itoa(*depth))
 				if kv == "" {
