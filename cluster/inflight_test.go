@@ -353,3 +353,85 @@ func TestPipelineInFlightBubble(t *testing.T) {
 		}
 	}
 }
+
+// TestPipelineInFlightRequestPolicies: requests with policies whose state
+// lives on the stages (Quest, SnapKV, each a request's own) among plain
+// ones, with two steps in flight asked for: while one of them runs the
+// engine plans one step at a time (kvcache.Link.Following), before and
+// after it two; every request gives the single-process engine's greedy
+// tokens, and every block comes back.
+func TestPipelineInFlightRequestPolicies(t *testing.T) {
+	path := testutil.Shared(t, "models/gguf/stories260K.gguf")
+	whole, err := model.Open(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	tok := whole.Tokenizer()
+	policies := []string{"", "", "quest:budget=8,dense=1", "", "snapkv:capacity=6,window=2,kernel=3", "", "", ""}
+	run := func(eng *engine.Engine) []generated {
+		out := make([]generated, len(inflightPrompts))
+		var wg sync.WaitGroup
+		for i, p := range inflightPrompts {
+			ids := tok.Encode(p, tokenizer.Options{AddSpecial: true})
+			wg.Go(func() {
+				if i >= 2 {
+					// The plain requests first, then the others join
+					// while their steps are in flight.
+					time.Sleep(time.Duration(i) * 15 * time.Millisecond)
+				}
+				out[i] = generatePolicy(t, eng, ids, 24, policies[i])
+			})
+		}
+		wg.Wait()
+		return out
+	}
+	wcfg := engine.ModelConfig(whole, "whole")
+	wcfg.KVBlocks, wcfg.BlockSize = 256, 4
+	ref, err := engine.New(whole, tok, wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Start()
+	want := run(ref)
+	ref.Stop(context.Background())
+
+	coord, err := OpenStageShape(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer coord.Close()
+	cfg := engine.ModelConfig(coord, "pp")
+	cfg.KVBlocks, cfg.BlockSize, cfg.InFlight = 256, 4, 2
+	addrs := slowWorkers(t, path, 2, time.Millisecond)
+	var p *Pipeline
+	cfg.Executor = func(kc kvcache.Config) (executor.Executor, error) {
+		p, err = ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, Timeout: time.Minute, Exchange: 20 * time.Second})
+		return p, err
+	}
+	eng, err := engine.New(nil, coord.Tokenizer(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng.Start()
+	defer func() {
+		eng.Stop(context.Background())
+		p.Close()
+	}()
+	got := run(eng)
+	for i := range want {
+		compareGreedy(t, inflightPrompts[i], want[i], got[i])
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for eng.Stats().KV.Used != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if u := eng.Stats().KV.Used; u != 0 {
+		t.Errorf("%d blocks held after the requests", u)
+	}
+	st := p.Stats()
+	if st.MaxInFlight < 2 {
+		t.Errorf("at most %d step in flight: the plain requests never overlapped", st.MaxInFlight)
+	}
+	t.Logf("%d steps, at most %d in flight", st.Steps, st.MaxInFlight)
+}
