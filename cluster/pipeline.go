@@ -31,6 +31,11 @@ type Pipeline struct {
 	micro   int
 	minRows int
 	stats   PipelineStats // guarded by links.mu
+	// The steps in flight (guarded by links.mu): how many, since when
+	// at least one, and the last one's done channels per worker.
+	flying             int
+	since              time.Time
+	lastSent, lastRead []chan struct{}
 }
 
 // PipelineOptions configure ConnectPipeline.
@@ -74,7 +79,11 @@ type PipelineOptions struct {
 // PipelineStats is what the stages did since the pipeline connected.
 type PipelineStats struct {
 	Steps, MicroBatches int
-	// Wall is the time Execute took, summed over the steps; Busy, per
+	// MaxInFlight is the most steps that were in flight at once (1:
+	// every step ran alone).
+	MaxInFlight int
+	// Wall is the time during which at least one step was in flight
+	// (with one step at a time, the time Execute took); Busy, per
 	// stage (per worker, stage-major, under tensor × pipeline), the time
 	// it computed (as it measured it).
 	Wall time.Duration
@@ -180,23 +189,50 @@ func (p *Pipeline) name(i int) string {
 // for good (the stages' KV storage is in an unknown state): later steps
 // fail with the first error.
 func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	return p.Submit(in)()
+}
+
+// Submit sends the step to the stages and returns without waiting for
+// its output; wait returns it. Every stage runs the steps in the order
+// they were submitted, so step N+1 enters stage 0 while step N is still
+// in the later stages (the engine's steps in flight, engine.Submitter),
+// and a step finds in each stage's KV storage whatever the steps
+// submitted before it wrote there. The waits must be called in the
+// order of the submits (each reads the connections' next answers), from
+// one goroutine, as must Submit; in is read until wait returns. A
+// failure breaks the pipeline as Execute's does: every later step fails.
+func (p *Pipeline) Submit(in *executor.StepInput) (wait func() (executor.StepOutput, error)) {
 	if err := p.err(); err != nil {
-		return executor.StepOutput{}, err
+		return failed(err)
 	}
 	mbs, err := microBatches(in, p.micro, p.minRows)
 	if err != nil {
-		return executor.StepOutput{}, err
+		return failed(err)
 	}
-	start := time.Now()
-	outs, err := p.run(mbs)
-	wall := time.Since(start)
-	if err != nil {
-		p.fail(err)
-		return executor.StepOutput{}, err
+	f := p.launch(mbs)
+	return func() (executor.StepOutput, error) {
+		<-f.done
+		if f.err != nil {
+			p.fail(f.err)
+			// A step after the one that broke the pipeline fails with
+			// that step's cause, not with the closed connections.
+			return executor.StepOutput{}, p.err()
+		}
+		return p.collect(in, f), nil
 	}
+}
+
+func failed(err error) func() (executor.StepOutput, error) {
+	return func() (executor.StepOutput, error) { return executor.StepOutput{}, err }
+}
+
+// collect is the step's output: the last stage's logits in micro-batch
+// order (which is row order) and every stage's KV reports.
+func (p *Pipeline) collect(in *executor.StepInput, f *flight) executor.StepOutput {
+	outs := f.outs
 	last := len(p.remotes) - p.tensor // the last stage's rank 0
 	var res executor.StepOutput
-	for j := range mbs {
+	for j := range f.mbs {
 		res.Logits = append(res.Logits, outs[last][j].Logits...)
 		if in.TopK > 0 {
 			res.TopIDs = append(res.TopIDs, outs[last][j].TopIDs...)
@@ -211,17 +247,7 @@ func (p *Pipeline) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 		}
 		res.KV = executor.MergeReports(parts)
 	}
-	p.mu.Lock()
-	p.stats.Steps++
-	p.stats.MicroBatches += len(mbs)
-	p.stats.Wall += wall
-	for s := range outs {
-		for _, o := range outs[s] {
-			p.stats.Busy[s] += o.Busy
-		}
-	}
-	p.mu.Unlock()
-	return res, nil
+	return res
 }
 
 // microBatches cuts in into at most k pieces of consecutive rows, as
@@ -243,71 +269,140 @@ func microBatches(in *executor.StepInput, k, minRows int) ([]*executor.StepInput
 	return out, nil
 }
 
-// run sends every micro-batch to every stage and reads every stage's
-// outputs, each connection's writes and reads on their own goroutine so
-// no stage waits on the coordinator. A stage's error arrives as its
-// output for that micro-batch (every stage still answers every one); a
-// broken or silent connection closes them all, so nothing waits forever.
-func (p *Pipeline) run(mbs []*executor.StepInput) ([][]executor.StepOutput, error) {
+// flight is one step on its way through the stages.
+type flight struct {
+	mbs  []*executor.StepInput
+	outs [][]executor.StepOutput // by worker, by micro-batch
+	errs []error                 // each worker's own (first) error
+	// sent and read close when this step's writes to, and reads from,
+	// each worker are done: the next step's wait for them, so each
+	// connection carries the steps in order.
+	sent, read []chan struct{}
+	once       sync.Once
+	cause      error // the failure that closed the connections
+	err        error // the step's, once done
+	done       chan struct{}
+}
+
+// launch sends every micro-batch to every stage and reads every stage's
+// outputs, each connection's writes and reads on their own goroutines so
+// no stage waits on the coordinator, after the steps launched before. A
+// stage's error arrives as its output for that micro-batch (every stage
+// still answers every one); a broken or silent connection closes them
+// all, so nothing waits forever.
+func (p *Pipeline) launch(mbs []*executor.StepInput) *flight {
 	n := len(p.remotes)
-	outs := make([][]executor.StepOutput, n)
-	errs := make([]error, n)
-	// cause is the failure that closed the connections, which then fail
-	// every other stage's reads and writes too.
-	var once sync.Once
-	var cause error
-	cut := func(s int, err error) {
-		once.Do(func() {
-			cause = &WorkerError{Worker: s, err: fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)}
-			p.closeConns()
-		})
+	f := &flight{mbs: mbs, outs: make([][]executor.StepOutput, n), errs: make([]error, n),
+		sent: make([]chan struct{}, n), read: make([]chan struct{}, n), done: make(chan struct{})}
+	for s := range n {
+		f.sent[s], f.read[s] = make(chan struct{}), make(chan struct{})
+		f.outs[s] = make([]executor.StepOutput, len(mbs))
 	}
+	p.mu.Lock()
+	prevSent, prevRead := p.lastSent, p.lastRead
+	p.lastSent, p.lastRead = f.sent, f.read
+	if p.flying == 0 {
+		p.since = time.Now()
+	}
+	p.flying++
+	p.stats.MaxInFlight = max(p.stats.MaxInFlight, p.flying)
+	p.mu.Unlock()
 	var wg sync.WaitGroup
-	for s, x := range p.remotes {
-		outs[s] = make([]executor.StepOutput, len(mbs))
+	for s := range n {
 		wg.Go(func() {
-			for _, mb := range mbs {
-				if err := x.Send(mb); err != nil {
-					cut(s, err)
-					return
-				}
+			defer close(f.sent[s])
+			if prevSent != nil {
+				<-prevSent[s]
 			}
+			p.send(f, s)
 		})
 		wg.Go(func() {
-			for j := range mbs {
-				p.conns[s].SetReadDeadline(time.Now().Add(p.wait))
-				out, err := x.Receive()
-				err = stalled(err, p.wait)
-				var re *executor.RemoteError
-				switch {
-				case errors.As(err, &re):
-					if errs[s] == nil {
-						errs[s] = err
-					}
-				case err != nil:
-					errs[s] = err
-					cut(s, err)
-					return
-				}
-				outs[s][j] = out
+			defer close(f.read[s])
+			if prevRead != nil {
+				<-prevRead[s]
 			}
+			p.receive(f, s)
 		})
 	}
-	wg.Wait()
-	// A connection that failed (a stage died, hung or hung up) is the
-	// cause of whatever the others report; otherwise the lowest stage's
-	// own error is (the later stages pass it on).
-	if cause != nil {
-		return outs, cause
-	}
-	var first error
-	for s, err := range errs {
-		if err != nil {
-			first = &WorkerError{Worker: s, err: fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)}
-			break
+	go func() {
+		wg.Wait()
+		f.err = p.verdict(f)
+		p.landed(f)
+		close(f.done)
+	}()
+	return f
+}
+
+// cut closes every connection because worker s's failed (once per step).
+func (p *Pipeline) cut(f *flight, s int, err error) {
+	f.once.Do(func() {
+		f.cause = &WorkerError{Worker: s, err: fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)}
+		p.closeConns()
+	})
+}
+
+func (p *Pipeline) send(f *flight, s int) {
+	for _, mb := range f.mbs {
+		if err := p.remotes[s].Send(mb); err != nil {
+			p.cut(f, s, err)
+			return
 		}
 	}
-	return outs, first
+}
+
+func (p *Pipeline) receive(f *flight, s int) {
+	for j := range f.mbs {
+		p.conns[s].SetReadDeadline(time.Now().Add(p.wait))
+		out, err := p.remotes[s].Receive()
+		err = stalled(err, p.wait)
+		var re *executor.RemoteError
+		switch {
+		case errors.As(err, &re):
+			if f.errs[s] == nil {
+				f.errs[s] = err
+			}
+		case err != nil:
+			f.errs[s] = err
+			p.cut(f, s, err)
+			return
+		}
+		f.outs[s][j] = out
+	}
+}
+
+// verdict is the step's error: a connection that failed (a stage died,
+// hung or hung up) is the cause of whatever the others report; otherwise
+// the lowest stage's own error is (the later stages pass it on).
+func (p *Pipeline) verdict(f *flight) error {
+	if f.cause != nil {
+		return f.cause
+	}
+	for s, err := range f.errs {
+		if err != nil {
+			return &WorkerError{Worker: s, err: fmt.Errorf("pipeline parallel: %s: %w", p.name(s), err)}
+		}
+	}
+	return nil
+}
+
+// landed counts a finished step in the stats. Wall grows only while some
+// step is in flight, so steps that overlap are not counted twice.
+func (p *Pipeline) landed(f *flight) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.flying--; p.flying == 0 {
+		p.stats.Wall += time.Since(p.since)
+	}
+	if f.err != nil {
+		return
+	}
+	p.stats.Steps++
+	p.stats.MicroBatches += len(f.mbs)
+	for s := range f.outs {
+		for _, o := range f.outs[s] {
+			p.stats.Busy[s] += o.Busy
+		}
+	}
 }
 
 // Stats is what the stages did since the pipeline connected.

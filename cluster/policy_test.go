@@ -36,7 +36,7 @@ func TestPoliciesAcrossWorkers(t *testing.T) {
 		}
 		defer coord.Close()
 		addrs := startWorkers(t, path, 2)
-		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=0", func(kc kvcache.Config) (executor.Executor, error) {
+		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=0", 0, func(kc kvcache.Config) (executor.Executor, error) {
 			return Connect(addrs, GroupOptions{Model: &coord.Config, KV: kc, Threads: 1, Timeout: time.Minute})
 		})
 	})
@@ -50,7 +50,7 @@ func TestPoliciesAcrossWorkers(t *testing.T) {
 		}
 		defer coord.Close()
 		addrs := startWorkers(t, path, 4)
-		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=1", func(kc kvcache.Config) (executor.Executor, error) {
+		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=1", 0, func(kc kvcache.Config) (executor.Executor, error) {
 			return ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: 2, Timeout: time.Minute, Tensor: 2})
 		})
 	})
@@ -62,15 +62,20 @@ func TestPoliciesAcrossWorkers(t *testing.T) {
 		}
 		defer coord.Close()
 		addrs := startWorkers(t, path, 2)
-		policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=1", func(kc kvcache.Config) (executor.Executor, error) {
-			return ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: 2, Timeout: time.Minute})
-		})
+		// With two steps in flight asked for, the engine runs one at a
+		// time while a policy's state lives on the stages (here always:
+		// H2O is the engine's).
+		for _, inflight := range []int{0, 2} {
+			policiesAgainstWhole(t, path, coord, "quest:budget=8,dense=1", inflight, func(kc kvcache.Config) (executor.Executor, error) {
+				return ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: 2, Timeout: time.Minute})
+			})
+		}
 	})
 }
 
 type closer interface{ Close() error }
 
-func policiesAgainstWhole(t *testing.T, path string, coord *model.Model, quest string, connect func(kvcache.Config) (executor.Executor, error)) {
+func policiesAgainstWhole(t *testing.T, path string, coord *model.Model, quest string, inflight int, connect func(kvcache.Config) (executor.Executor, error)) {
 	policy := kvcache.NewH2O(4, 4)
 	reqs := []string{"", quest, "snapkv:capacity=6,window=2,kernel=3", ""}
 	run := func(eng *engine.Engine, tok tokenizer.Tokenizer, reqs []string) []generated {
@@ -89,7 +94,7 @@ func policiesAgainstWhole(t *testing.T, path string, coord *model.Model, quest s
 		if m != nil {
 			cfg = engine.ModelConfig(m, name)
 		}
-		cfg.KVBlocks, cfg.KVPolicy, cfg.BlockSize, cfg.Executor = 256, p, 4, ex
+		cfg.KVBlocks, cfg.KVPolicy, cfg.BlockSize, cfg.Executor, cfg.InFlight = 256, p, 4, ex, inflight
 		eng, err := engine.New(m, coord.Tokenizer(), cfg)
 		if err != nil {
 			t.Fatal(err)

@@ -135,28 +135,64 @@ func Supervise(o SuperviseOptions) (*Supervisor, error) {
 
 // Execute runs the step on the group, or fails at once while it is down.
 func (s *Supervisor) Execute(in *executor.StepInput) (executor.StepOutput, error) {
+	cur, err := s.serving()
+	if err != nil {
+		return executor.StepOutput{}, err
+	}
+	out, err := cur.Execute(in)
+	return out, s.after(cur, err)
+}
+
+// Submit is Execute for a step that may be in flight with others
+// (engine.Submitter): it passes the step on to a Pipeline's Submit; a
+// Group, which runs one step at a time, runs it before returning.
+func (s *Supervisor) Submit(in *executor.StepInput) (wait func() (executor.StepOutput, error)) {
+	cur, err := s.serving()
+	if err != nil {
+		return failed(err)
+	}
+	if sub, ok := cur.(interface {
+		Submit(*executor.StepInput) func() (executor.StepOutput, error)
+	}); ok {
+		w := sub.Submit(in)
+		return func() (executor.StepOutput, error) {
+			out, err := w()
+			return out, s.after(cur, err)
+		}
+	}
+	out, err := cur.Execute(in)
+	err = s.after(cur, err)
+	return func() (executor.StepOutput, error) { return out, err }
+}
+
+// serving is the group that takes steps, or why there is none.
+func (s *Supervisor) serving() (broken, error) {
 	s.mu.Lock()
 	cur, ready, down := s.cur, s.ready, s.down
 	s.mu.Unlock()
 	switch {
 	case cur != nil:
+		return cur, nil
 	case down != nil:
-		return executor.StepOutput{}, down
+		return nil, down
 	case ready != nil:
 		// Planned before Epoch reported the new storage: its block
 		// tables point into pages the new workers never wrote.
-		return executor.StepOutput{}, errReconnected
-	default:
-		return executor.StepOutput{}, errors.New(s.o.What + ": closed")
+		return nil, errReconnected
 	}
-	out, err := cur.Execute(in)
+	return nil, errors.New(s.o.What + ": closed")
+}
+
+// after is the error a step on cur ends with: a failure that broke the
+// group marks it down.
+func (s *Supervisor) after(cur broken, err error) error {
 	if err == nil {
-		return out, nil
+		return nil
 	}
 	if cur.err() == nil {
-		return out, err // refused before it reached the workers: the group still serves
+		return err // refused before it reached the workers: the group still serves
 	}
-	return out, s.fail(cur, err)
+	return s.fail(cur, err)
 }
 
 // Epoch counts the groups connected: it changes when a group reconnected

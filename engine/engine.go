@@ -91,6 +91,12 @@ type Config struct {
 	// no pages, and Executor gets the KV configuration the workers'
 	// storage must be built with. The Forwarder given to New is unused.
 	Executor func(kvcache.Config) (executor.Executor, error)
+	// InFlight is how many steps the engine keeps in flight when its
+	// executor takes a step before the last one's output is back (a
+	// Submitter: a pipeline of stages, which then overlap across steps);
+	// 0 or 1: one at a time (at most 64). See inflight.go for when it
+	// still runs one.
+	InFlight int
 	// Ops computes attention in the KV cache (nil: kernels.Best()); the
 	// model's own set (model.Ops) keeps a reference model plain Go.
 	Ops *kernels.Ops
@@ -207,6 +213,8 @@ type Engine struct {
 	rope    []int32   // the step's rotary positions, when it carries trees
 	treePar []int32   // the step's rows' tree parents, when it carries trees
 	pk      picker    // draws at each node of a verification walk
+
+	pp *inflight // steps in flight (nil: one at a time)
 }
 
 type request struct {
@@ -275,9 +283,9 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 	if cfg.SlidingWindow < 0 {
 		return nil, fmt.Errorf("engine: sliding window %d is negative", cfg.SlidingWindow)
 	}
-	if cfg.MaxNumBatchedTokens < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxWaiting < 0 || cfg.LongPrefillThreshold < 0 {
-		return nil, fmt.Errorf("engine: negative limits: max_num_batched_tokens %d, max_num_seqs %d, max_waiting %d",
-			cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs, cfg.MaxWaiting)
+	if cfg.MaxNumBatchedTokens < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxWaiting < 0 || cfg.LongPrefillThreshold < 0 || cfg.InFlight < 0 {
+		return nil, fmt.Errorf("engine: negative limits: max_num_batched_tokens %d, max_num_seqs %d, max_waiting %d, steps in flight %d",
+			cfg.MaxNumBatchedTokens, cfg.MaxNumSeqs, cfg.MaxWaiting, cfg.InFlight)
 	}
 	if cfg.ModelName == "" {
 		cfg.ModelName = "pagoda"
@@ -330,6 +338,7 @@ func New(fw Forwarder, tok tokenizer.Tokenizer, cfg Config) (*Engine, error) {
 		kv.Close()
 		return nil, err
 	}
+	e.pp = newInflight(ex, cfg, e.sch)
 	e.publish()
 	return e, nil
 }
@@ -650,10 +659,12 @@ func (e *Engine) loop() {
 		select {
 		case <-e.forceCh:
 			e.cancelAll()
+			settle(e)
 			e.publish()
 			return
 		default:
 		}
+		settle(e)
 		if e.sch.idle() {
 			e.publish()
 			e.mu.Lock()

@@ -49,6 +49,10 @@ type sequence struct {
 	parent   []int32
 	finished bool
 	spec     *seqSpec // speculation state, once it has speculated
+	// ve is the virtual engine the sequence belongs to (inflight.go):
+	// the steps of one are planned only while none of its steps is in
+	// flight, so its sequences are never in two steps at once.
+	ve int
 }
 
 // scheduled is one sequence's share of a step: the tokens at positions
@@ -117,10 +121,13 @@ type scheduler struct {
 	kv               kvManager
 	waiting, running []*sequence
 	nextID           int32
+	// ves is the number of virtual engines requests are spread over (0 or
+	// 1: one); only is the one Schedule plans for (-1: every one).
+	ves, only int
 }
 
 func newScheduler(cfg Config, kv kvManager) *scheduler {
-	return &scheduler{cfg: cfg, kv: kv}
+	return &scheduler{cfg: cfg, kv: kv, only: -1}
 }
 
 func (sc *scheduler) idle() bool { return len(sc.running) == 0 && len(sc.waiting) == 0 }
@@ -128,6 +135,7 @@ func (sc *scheduler) idle() bool { return len(sc.running) == 0 && len(sc.waiting
 // add queues the first completion of r.
 func (sc *scheduler) add(r *request) *sequence {
 	s := sc.newSequence(r, 0, r.r.Prompt, 0)
+	s.ve = sc.lightest()
 	r.seqs = []*sequence{s}
 	sc.waiting = append(sc.waiting, s)
 	return s
@@ -166,12 +174,12 @@ func (sc *scheduler) Schedule() *plan {
 func (sc *scheduler) scheduleRunning(p *plan, budget int, picked map[*sequence]bool) int {
 	order := make([]*sequence, 0, len(sc.running))
 	for _, s := range sc.running {
-		if len(s.tokens)-s.numComputed == 1 {
+		if len(s.tokens)-s.numComputed == 1 && sc.mine(s) {
 			order = append(order, s)
 		}
 	}
 	for _, s := range sc.running {
-		if len(s.tokens)-s.numComputed > 1 {
+		if len(s.tokens)-s.numComputed > 1 && sc.mine(s) {
 			order = append(order, s)
 		}
 	}
@@ -210,8 +218,12 @@ func (sc *scheduler) scheduleRunning(p *plan, budget int, picked map[*sequence]b
 }
 
 func (sc *scheduler) admitWaiting(p *plan, budget int) {
-	for len(sc.waiting) > 0 && budget > 0 {
-		s := sc.waiting[0]
+	for i := 0; i < len(sc.waiting) && budget > 0; {
+		s := sc.waiting[i]
+		if !sc.mine(s) {
+			i++
+			continue
+		}
 		seats := 1
 		if !s.req.forked {
 			seats = s.req.r.N
@@ -241,7 +253,7 @@ func (sc *scheduler) admitWaiting(p *plan, budget int) {
 			sc.kv.RecordPrefixQuery(len(s.tokens), from)
 			p.admitted = append(p.admitted, s.req)
 		}
-		sc.waiting = sc.waiting[1:]
+		sc.waiting = append(sc.waiting[:i], sc.waiting[i+1:]...)
 		sc.running = append(sc.running, s)
 		p.add(s, n)
 		budget -= n
@@ -348,7 +360,7 @@ func (sc *scheduler) isRunning(s *sequence) bool {
 // victim is the newest running sequence not yet given work this step.
 func (sc *scheduler) victim(picked map[*sequence]bool) *sequence {
 	for i := len(sc.running) - 1; i >= 0; i-- {
-		if !picked[sc.running[i]] {
+		if !picked[sc.running[i]] && sc.mine(sc.running[i]) {
 			return sc.running[i]
 		}
 	}
@@ -422,6 +434,7 @@ func (sc *scheduler) fork(s *sequence, first []forkToken) {
 	r.forked = true
 	for i, f := range first {
 		c := sc.newSequence(r, i+1, s.tokens, s.numComputed)
+		c.ve = s.ve
 		if s.spec != nil && len(s.spec.feats) > 0 {
 			// The prompt's features, which the completions share.
 			c.spec = &seqSpec{feats: slices.Clone(s.spec.feats), featFrom: s.spec.featFrom}
@@ -480,4 +493,32 @@ func (sc *scheduler) removeWaiting(s *sequence) {
 			return
 		}
 	}
+}
+
+// mine reports whether Schedule plans for s now: it belongs to the
+// virtual engine being planned.
+func (sc *scheduler) mine(s *sequence) bool { return sc.only < 0 || s.ve == sc.only }
+
+// lightest is the virtual engine a new request joins: the one with the
+// fewest unfinished sequences (the first on a tie), as vLLM places a
+// request on the least loaded of its virtual engines.
+func (sc *scheduler) lightest() int {
+	if sc.ves <= 1 {
+		return 0
+	}
+	load := make([]int, sc.ves)
+	for _, q := range [][]*sequence{sc.running, sc.waiting} {
+		for _, s := range q {
+			if !s.finished {
+				load[s.ve]++
+			}
+		}
+	}
+	best := 0
+	for v, n := range load {
+		if n < load[best] {
+			best = v
+		}
+	}
+	return best
 }

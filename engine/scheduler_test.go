@@ -338,7 +338,7 @@ func TestSchedulerDrafts(t *testing.T) {
 				t.Fatalf("planned %q, want %q", got, tc.plan)
 			}
 			var e Engine
-			e.buildBatch(p)
+			e.buildBatch(p, &e.in)
 			flags := ""
 			for _, l := range e.in.Logits {
 				flags += map[bool]string{true: "1", false: "0"}[l]
@@ -416,7 +416,7 @@ func TestSchedulerManagerNoStorage(t *testing.T) {
 		}
 		p := h.sc.Schedule()
 		preempted += len(p.preempted)
-		e.buildBatch(p)
+		e.buildBatch(p, &e.in)
 		if len(e.in.Tokens) > 0 {
 			if err := kv.Plan(e.in.Pos, e.in.Seq, nil, &plan); err != nil {
 				t.Fatalf("step %d: %v", steps, err)

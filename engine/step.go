@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"pagoda/executor"
+	"pagoda/model"
 	"pagoda/sample"
 	"pagoda/tokenizer"
 )
@@ -13,6 +14,9 @@ import (
 // step drives one step: plan, batch, forward, sample, update (streaming as
 // it samples); false when there was nothing to run.
 func (e *Engine) step() bool {
+	if e.pp != nil {
+		return e.pp.round(e)
+	}
 	checkRestart(e)
 	if e.cfg.Spec.Proposer != nil {
 		e.propose()
@@ -25,7 +29,7 @@ func (e *Engine) step() bool {
 	if len(p.seqs) == 0 {
 		return false
 	}
-	e.buildBatch(p)
+	e.buildBatch(p, &e.in)
 	e.st.Steps++
 	e.st.BatchedTokens += uint64(p.tokens)
 	// The KV manager writes the block tables, slot mapping and spans into
@@ -36,13 +40,23 @@ func (e *Engine) step() bool {
 	if err == nil {
 		out, err = e.ex.Execute(&e.in)
 	}
+	finishStep(e, p, &e.in, &e.plan, out, err, t0)
+	return true
+}
+
+// finishStep takes the output of the step in (planned as p, its KV plan
+// kvp, started at t0) or its error: it samples, streams and updates the
+// scheduler. Sequences that ended while the step was in flight
+// (inflight.go) are passed over. A function, not a method: Engine's
+// method set is full.
+func finishStep(e *Engine, p *plan, in *executor.StepInput, kvp *model.KVPlan, out executor.StepOutput, err error, t0 time.Time) {
 	if err == nil && e.kv.Link != nil {
 		e.kv.Link.Report(out.KV) // before Update commits: what to free, what not to hash
 	}
-	e.moves, e.in.Moves = e.moves[:0], nil // applied, or lost with the step's requests
+	e.moves, in.Moves = e.moves[:0], nil // applied, or lost with the step's requests
 	logits := out.Logits
-	if err == nil && e.in.TopK > 0 {
-		e.topRows, err = spreadTop(e.topRows, out.TopIDs, out.Logits, p.rows, e.cfg.VocabSize, e.in.TopK)
+	if err == nil && in.TopK > 0 {
+		e.topRows, err = spreadTop(e.topRows, out.TopIDs, out.Logits, p.rows, e.cfg.VocabSize, in.TopK)
 		logits = e.topRows
 	}
 	if err == nil && len(logits) != p.rows*e.cfg.VocabSize {
@@ -54,15 +68,14 @@ func (e *Engine) step() bool {
 				e.endRequest(w.seq.req, FinishError, fmt.Errorf("engine: forward pass: %w", err))
 			}
 		}
-		return true
+		return
 	}
 	res := e.sampleStep(p, logits)
-	e.moves = p.treeMoves(res, e.plan.Slots, e.moves)
+	e.moves = p.treeMoves(res, kvp.Slots, e.moves)
 	e.feat.collect(p, res, out.Hidden, func(r *request) bool { return e.specTokens(r) > 0 })
 	e.sch.Update(p, res)
 	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
 	e.ctlEnd()
-	return true
 }
 
 // account counts what the scheduler did besides planning work.
@@ -76,9 +89,8 @@ func (e *Engine) account(p *plan) {
 	e.m.preemptions.Add(float64(len(p.preempted)))
 }
 
-// buildBatch flattens the plan into the step's input.
-func (e *Engine) buildBatch(p *plan) {
-	b := &e.in
+// buildBatch flattens the plan into the step's input b.
+func (e *Engine) buildBatch(p *plan, b *executor.StepInput) {
 	b.Tokens, b.Pos, b.Seq, b.Logits = b.Tokens[:0], b.Pos[:0], b.Seq[:0], b.Logits[:0]
 	trees := false
 	for i := range p.seqs {
@@ -110,6 +122,12 @@ func (e *Engine) sampleStep(p *plan, logits []float32) []outcome {
 	row := 0
 	for i := range p.seqs {
 		w := &p.seqs[i]
+		if w.seq.finished {
+			// Cancelled or stopped while its step was in flight
+			// (inflight.go): its request has ended, nothing streams.
+			row += w.promptRows + w.rows
+			continue
+		}
 		if w.promptRows > 0 {
 			e.scorePrompt(w, logits[row*V:(row+w.promptRows)*V])
 			row += w.promptRows

@@ -112,6 +112,23 @@ func (l *Link) follows(seq int32) bool {
 	return false
 }
 
+// Following reports whether the storage's side keeps policy state for
+// some sequence (a stand-in policy, or a sequence bound to a policy of
+// its own). Its reports then feed the plans after the step that made
+// them, so a manager must not plan a step before the previous one's
+// output is back: an engine keeps one step in flight while it is true.
+func (l *Link) Following() bool {
+	if len(l.c.Policies.bound) > 0 {
+		return true
+	}
+	for _, g := range l.c.groups {
+		if _, ok := g.Policy.(remote); ok {
+			return true
+		}
+	}
+	return false
+}
+
 func (l *Link) note(op model.KVOp, seq, n int32) {
 	l.notes = append(l.notes, model.KVNote{Op: op, Seq: seq, N: n})
 }

@@ -6,8 +6,10 @@
 # at once). Prints each server's throughput and, for the pipelines, the
 # coordinator's shutdown line: the steps, micro-batches, the stages' busy
 # time and the bubble fraction (1 − Σ busy / (stages × wall)).
-# Usage: scripts/pp-bubble.sh ["M:k[:r] ..."]   (default "1 2:1 2:2 2:4 4:1 4:4"; r is
-# --pipeline-min-rows, default 1 here so k is what the step is cut into)
+# Usage: scripts/pp-bubble.sh ["M:k[:r[:v]] ..."]   (default "1 2:1 2:2 2:4 4:1 4:4"; r is
+# --pipeline-min-rows, default 1 here so k is what the step is cut into; v is
+# --pipeline-inflight, the engine steps in flight, default 1 here so the
+# micro-batches' effect is measured alone)
 # PAGODA names a pagoda binary (default: built from this checkout).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,10 +23,10 @@ model=$tmp/pp.gguf
 "$PAGODA" synth -o "$model" -preset tiny -layers 4 -dim 512 -heads 8 -kv-heads 8 -head-dim 64 -ffn 1536 -type Q8_0 -ctx 1024 >/dev/null
 threads=${THREADS:-2}
 for c in $configs; do
-	IFS=: read -r m k r <<<"$c"
+	IFS=: read -r m k r v <<<"$c"
 	args=(serve -m "$model" --port 0 --threads "$threads" --kv-cache-memory 64MiB)
 	if [ "$m" != 1 ]; then
-		args+=(--pipeline-parallel "$m" --pipeline-micro-batches "${k:-1}" --pipeline-min-rows "${r:-1}")
+		args+=(--pipeline-parallel "$m" --pipeline-micro-batches "${k:-1}" --pipeline-min-rows "${r:-1}" --pipeline-inflight "${v:-1}")
 	fi
 	"$PAGODA" "${args[@]}" 2>"$tmp/serve.log" &
 	pid=$!

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,17 +34,37 @@ func TestServePipelineParallel(t *testing.T) {
 	listen := regexp.MustCompile(regexp.QuoteMeta(cluster.ListenLine) + `(\S+)`)
 	w0 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
 	w1 := startProc(t, listen, "worker", "--listen", "127.0.0.1:0", "-m", path, "--threads", "1")
-	byHand := startProc(t, servingRe, append(common, "--pipeline-parallel", "2", "--pipeline-micro-batches", "1", "--workers", w0+","+w1)...)
-	for _, p := range []string{"Once upon a time", "The dog", "Lily and her mom went to the"} {
-		want := complete(t, single, p, 24)
-		if want == "" {
+	byHand := startProc(t, servingRe, append(common, "--pipeline-parallel", "2", "--pipeline-micro-batches", "1", "--pipeline-inflight", "1",
+		"--workers", w0+","+w1)...)
+	prompts := []string{"Once upon a time", "The dog", "Lily and her mom went to the", "Tom saw a big", "One day, the sun"}
+	want := make([]string, len(prompts))
+	for i, p := range prompts {
+		if want[i] = complete(t, single, p, 24); want[i] == "" {
 			t.Fatalf("%q: the single-process server generated nothing", p)
 		}
-		for name, addr := range map[string]string{"--pipeline-parallel 2": spawned, "--workers": byHand} {
-			if got := complete(t, addr, p, 24); got != want {
-				t.Errorf("%s: %q continues as %q, want %q", name, p, got, want)
+	}
+	for name, addr := range map[string]string{"--pipeline-parallel 2 (2 steps in flight)": spawned, "--workers (1 in flight)": byHand} {
+		// All at once, so the spawned pipeline holds two steps.
+		got := make([]string, len(prompts))
+		var wg sync.WaitGroup
+		for i, p := range prompts {
+			wg.Go(func() { got[i] = complete(t, addr, p, 24) })
+		}
+		wg.Wait()
+		for i, p := range prompts {
+			if got[i] != want[i] {
+				t.Errorf("%s: %q continues as %q, want %q", name, p, got[i], want[i])
 			}
 		}
+	}
+	if m := metric(t, spawned, "pagoda_pipeline_steps_in_flight_max"); m != 2 {
+		t.Errorf("spawned: pagoda_pipeline_steps_in_flight_max %v, want 2", m)
+	}
+	if m := metric(t, byHand, "pagoda_pipeline_steps_in_flight_max"); m != 1 {
+		t.Errorf("--pipeline-inflight 1: pagoda_pipeline_steps_in_flight_max %v, want 1", m)
+	}
+	if b := metric(t, spawned, "pagoda_pipeline_bubble_fraction"); b <= 0 || b >= 1 {
+		t.Errorf("pagoda_pipeline_bubble_fraction %v, want in (0, 1)", b)
 	}
 }
 
@@ -58,6 +79,7 @@ func TestServePipelineParallelRefusals(t *testing.T) {
 		{[]string{"serve", "-m", path, "--pipeline-parallel", "3", "--port", "0"}, "3 stages for a model of 2 layers"},
 		{[]string{"serve", "--pipeline-parallel", "2", "--workers", "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "--port", "0"}, "but 3 --workers"},
 		{[]string{"serve", "--pipeline-parallel", "0", "--port", "0"}, "--pipeline-parallel 0"},
+		{[]string{"serve", "-m", path, "--pipeline-parallel", "2", "--pipeline-inflight", "-1", "--port", "0"}, "--pipeline-inflight -1 out of range"},
 	} {
 		code, _, stderr := pagoda(t, c.args...)
 		if code == 0 || !strings.Contains(stderr, c.want) {

@@ -295,7 +295,7 @@ func runServe(args []string) error {
 		VocabSize: c.VocabSize, ContextLen: c.ContextLen, SlidingWindow: c.SlidingWindow,
 		BlockSize: *blockSize, KVBytes: budget, KVDType: dt, KVFormatK: kfK, KVFormatV: kfV, DisablePrefixCache: *noPrefix,
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
-		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), KVEvents: kvLog, GrammarLimits: gLim,
+		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), InFlight: grp.inFlight(), KVEvents: kvLog, GrammarLimits: gLim,
 	}
 	blockBytes := engine.KVBlockBytes(ecfg)
 	formats := fmt.Sprintf("K %v V %v", kfK, kfV)
@@ -336,6 +336,7 @@ func runServe(args []string) error {
 	if c := grp.collector(); c != nil {
 		reg.MustRegister(c)
 	}
+	reg.MustRegister(grp.pipelineGauges()...)
 	eng.Start()
 	backend, err := server.NewEngineBackend(eng, tok, *name, apiCtx, tmpl)
 	if err != nil {

@@ -82,6 +82,7 @@ type tpFlags struct {
 	stages  *int
 	micro   *int
 	minRows *int
+	flight  *int
 	workers *string
 	wire    *string
 	maxMem  *string
@@ -125,6 +126,7 @@ func addTPFlags(fs *flag.FlagSet) *tpFlags {
 		ranks:   fs.Int("tensor-parallel", 1, "tensor-parallel ranks: each worker process holds 1/N of every layer and of the KV cache (N > 1 without --workers starts N local `pagoda worker` processes)"),
 		stages:  fs.Int("pipeline-parallel", 1, "pipeline stages: each worker process holds a contiguous range of the layers and their KV cache (M > 1 without --workers starts M local `pagoda worker` processes)"),
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
+		flight:  fs.Int("pipeline-inflight", 0, "engine steps in flight through the pipeline at once, over disjoint sets of sequences (vLLM's virtual engines), so the stages overlap across steps: 0 = the number of stages, 1 = one step at a time (speculative decoding, static batching and KV policies whose state lives on the workers run one at a time)"),
 		minRows: fs.Int("pipeline-min-rows", 4, "rows a micro-batch keeps at least: smaller steps are cut into fewer micro-batches (on a CPU a product of 1 row costs about what 4 rows do)"),
 		maxMem:  fs.String("max-memory", "", maxMemoryHelp+"; with workers started here, each worker's cap"),
 		wire:    fs.String("wire-dtype", "f32", "form of activations between workers: f32, or f16/bf16 for half the bytes (the collectives' payloads and the pipeline's hidden states, rounded once on leaving a worker; sums stay f32)"),
@@ -146,6 +148,7 @@ type tp struct {
 	tensor  int
 	micro   int
 	minRows int
+	flight  int // engine steps in flight (engine.Config.InFlight)
 	wire    cluster.WireDType
 	stall   time.Duration
 	pipe    atomic.Pointer[cluster.Pipeline] // the latest, for its stats
@@ -193,6 +196,8 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 		return nil, fmt.Errorf("--pipeline-parallel %d out of range [1, 64]", m)
 	case *f.micro < 0 || *f.micro > 1024:
 		return nil, fmt.Errorf("--pipeline-micro-batches %d out of range [0, 1024]", *f.micro)
+	case *f.flight < 0 || *f.flight > 64:
+		return nil, fmt.Errorf("--pipeline-inflight %d out of range [0, 64]", *f.flight)
 	case *f.minRows < 1 || *f.minRows > 1<<20:
 		return nil, fmt.Errorf("--pipeline-min-rows %d out of range [1, %d]", *f.minRows, 1<<20)
 	case n < 1:
@@ -227,7 +232,7 @@ func (f *tpFlags) startPipeline(path string, addrs []string, n, threads int, log
 	if n > 1 {
 		what = fmt.Sprintf("--tensor-parallel %d × --pipeline-parallel %d", n, m)
 	}
-	t := &tp{threads: threads, pipeline: true, tensor: n, micro: micro, minRows: *f.minRows, log: log}
+	t := &tp{threads: threads, pipeline: true, tensor: n, micro: micro, minRows: *f.minRows, flight: cmp.Or(*f.flight, m), log: log}
 	if len(addrs) > 0 {
 		if len(addrs) != n*m {
 			if n > 1 {
@@ -333,6 +338,15 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	}
 }
 
+// inFlight is the engine's steps in flight: --pipeline-inflight for a
+// pipeline, else one.
+func (t *tp) inFlight() int {
+	if t == nil {
+		return 0
+	}
+	return t.flight
+}
+
 // workerName is worker i's place: its rank, stage, or stage and rank.
 func (t *tp) workerName(i int) string {
 	switch {
@@ -365,6 +379,32 @@ func (t *tp) collector() prometheus.Collector {
 	return t.sup.Collector()
 }
 
+// pipelineGauges are the pipeline's bubble fraction and the most steps
+// it held at once so far (its stages' own measure, PipelineStats), for
+// /metrics; nil without a pipeline. After a reconnect they restart with
+// the new pipeline.
+func (t *tp) pipelineGauges() []prometheus.Collector {
+	if t == nil || !t.pipeline {
+		return nil
+	}
+	stat := func(f func(cluster.PipelineStats) float64) func() float64 {
+		return func() float64 {
+			if p := t.pipe.Load(); p != nil {
+				return f(p.Stats())
+			}
+			return 0
+		}
+	}
+	return []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pagoda_pipeline_bubble_fraction",
+			Help: "Share of the pipeline stages' time spent idle while steps were in flight: 1 - sum(stage busy) / (stages * wall)."},
+			stat(func(s cluster.PipelineStats) float64 { return s.Bubble() })),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "pagoda_pipeline_steps_in_flight_max",
+			Help: "Most engine steps the pipeline held at once (--pipeline-inflight)."},
+			stat(func(s cluster.PipelineStats) float64 { return float64(s.MaxInFlight) })),
+	}
+}
+
 func (t *tp) close() {
 	if t == nil {
 		return
@@ -374,8 +414,8 @@ func (t *tp) close() {
 	}
 	if p := t.pipe.Load(); p != nil {
 		st := p.Stats()
-		fmt.Fprintf(t.log, "pipeline: %d steps in %d micro-batches, %v, stage busy %v, bubble %.3f\n",
-			st.Steps, st.MicroBatches, st.Wall, st.Busy, st.Bubble())
+		fmt.Fprintf(t.log, "pipeline: %d steps in %d micro-batches, at most %d in flight, %v, stage busy %v, bubble %.3f\n",
+			st.Steps, st.MicroBatches, st.MaxInFlight, st.Wall, st.Busy, st.Bubble())
 	}
 	t.spawned.Stop()
 }
