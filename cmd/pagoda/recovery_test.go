@@ -139,7 +139,8 @@ func streamAndKill(t *testing.T, addr string, victim func()) string {
 	return string(rest)
 }
 
-// TestWorkerRecovery: a worker of a tensor-parallel group or a pipeline,
+// TestWorkerRecovery: a worker of a tensor-parallel group, a pipeline or
+// a sequence-parallel ring,
 // started by hand, is killed mid-stream (or stopped with SIGSTOP past
 // --worker-timeout): the stream ends with an error naming it, /health is
 // a 503 naming it, the metrics show it down, a new request is a 503; a
@@ -164,6 +165,9 @@ func TestWorkerRecovery(t *testing.T) {
 		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true, false, false},
 		{"tp2-cut", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, true, false},
 		{"tp2xpp2", "--pipeline-parallel", "stage 0 rank 1", "pipeline parallel: stage 0 rank 1: ", false, false, false, true},
+		{"sp2", "--sequence-parallel", "rank 1", "sequence parallel: rank 1: ", false, false, false, false},
+		{"sp2-stall", "--sequence-parallel", "rank 1", "sequence parallel: rank 1: no answer within 2s", true, false, false, false},
+		{"sp2-cut", "--sequence-parallel", "rank 1", "sequence parallel: rank 1: ", false, false, true, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a0, _ := startWorker(t, path)

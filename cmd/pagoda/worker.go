@@ -175,14 +175,15 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	if *f.retry < 200*time.Millisecond || *f.retry > time.Hour {
 		return nil, fmt.Errorf("--worker-reconnect %v out of range [200ms, 1h]", *f.retry)
 	}
+	if *f.seq != 1 && wire != cluster.WireF32 {
+		return nil, fmt.Errorf("--wire-dtype %s: a sequence-parallel ring passes f32 keys and values only", wire)
+	}
 	t, err := f.start1(path, threads, log)
 	switch {
 	case err != nil:
 		return nil, err
 	case t == nil && wire != cluster.WireF32:
 		return nil, fmt.Errorf("--wire-dtype %s: activations travel only between workers (give --tensor-parallel, --pipeline-parallel or --workers)", wire)
-	case t != nil && t.seq && wire != cluster.WireF32:
-		return nil, fmt.Errorf("--wire-dtype %s: a sequence-parallel ring passes f32 keys and values only", wire)
 	case t != nil:
 		t.wire, t.stall, t.retry, t.log = wire, *f.stall, *f.retry, log
 	}
