@@ -71,6 +71,43 @@ type SeqGroup struct {
 	held bool // the ranks hold a sequence: seq, up to end
 	seq  int32
 	end  int
+
+	stats SeqStats // guarded by links.mu
+}
+
+// SeqStats are what a group has run.
+type SeqStats struct {
+	Sequences, Steps int
+	// Split are the rows of the latest sequence's split (prompt) steps
+	// each rank ran: its share of the sequence's keys and values, less
+	// the decode rows, which the rank holding the tail keeps.
+	Split []int
+}
+
+// Stats are the group's counts so far.
+func (g *SeqGroup) Stats() SeqStats {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := g.stats
+	st.Split = append([]int(nil), st.Split...)
+	return st
+}
+
+// count records a step that ran.
+func (g *SeqGroup) count(fresh, split bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	st := &g.stats
+	st.Steps++
+	if fresh {
+		st.Sequences++
+		st.Split = make([]int, len(g.remotes))
+	}
+	if split {
+		for r := range g.ins {
+			st.Split[r] += len(g.ins[r].Tokens)
+		}
+	}
 }
 
 // ConnectSeq makes the workers at addrs ranks 0…n-1 of a new
@@ -141,6 +178,7 @@ func (g *SeqGroup) Execute(in *executor.StepInput) (executor.StepOutput, error) 
 		return executor.StepOutput{}, err
 	}
 	g.held, g.seq, g.end = true, in.Seq[0], int(in.Pos[T-1])+1
+	g.count(fresh, split)
 	return g.gather(in)
 }
 

@@ -2,12 +2,14 @@ package main
 
 import (
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"pagoda/model"
+	"pagoda/ring"
 	"pagoda/testutil"
 	"pagoda/tokenizer"
 )
@@ -63,6 +65,14 @@ func TestRunSequenceParallel(t *testing.T) {
 				if code != 0 || got != want {
 					t.Errorf("%s, %d-token prompt, --sequence-parallel %s: exit %d, printed\n%q\nwant\n%q\n%s",
 						filepath.Base(c.path), n, P, code, tail(got, 200), tail(want, 200), stderr)
+				}
+				// The prompt went to the ranks in zigzag shares.
+				split := zigzagShares(n, P)
+				if p == "" {
+					split = zigzagShares(1, P)
+				}
+				if line := "sequence parallel: " + P + " ranks, 1 sequences in 24 steps, the last one's prompt rows by rank " + split; !strings.Contains(stderr, line) {
+					t.Errorf("--sequence-parallel %s: stderr lacks %q:\n%s", P, line, stderr)
 				}
 				t.Logf("%s, %d-token prompt (or one token: %v), --sequence-parallel %s: %v", filepath.Base(c.path), n, p == "", P, time.Since(start).Round(time.Millisecond))
 			}
@@ -132,4 +142,16 @@ func TestSequenceParallelRefusals(t *testing.T) {
 			t.Errorf("pagoda %v: exit %d, stderr %q (want %q)", c.args, code, tail(stderr, 400), c.want)
 		}
 	}
+}
+
+// zigzagShares is ring.Zigzag's rows per rank of T rows over P ranks
+// ("2" or "3"), as the coordinator prints them.
+func zigzagShares(T int, P string) string {
+	n := int(P[0] - '0')
+	var out []string
+	for r := range n {
+		z := ring.Zigzag(T, n, r)
+		out = append(out, strconv.Itoa(z[0][1]-z[0][0]+z[1][1]-z[1][0]))
+	}
+	return "[" + strings.Join(out, " ") + "]"
 }

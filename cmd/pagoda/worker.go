@@ -153,6 +153,7 @@ type tp struct {
 	wire    cluster.WireDType
 	stall   time.Duration
 	pipe    atomic.Pointer[cluster.Pipeline] // the latest, for its stats
+	ring    atomic.Pointer[cluster.SeqGroup] // the latest, for its stats
 	log     io.Writer
 	// sup runs the group or pipeline and reconnects it when it breaks;
 	// retry is its longest wait between attempts.
@@ -350,6 +351,7 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 				if err != nil {
 					return nil, err
 				}
+				t.ring.Store(g)
 				return g, nil
 			}
 			if t.pipeline {
@@ -427,6 +429,11 @@ func (t *tp) close() {
 		st := p.Stats()
 		fmt.Fprintf(t.log, "pipeline: %d steps in %d micro-batches, %v, stage busy %v, bubble %.3f\n",
 			st.Steps, st.MicroBatches, st.Wall, st.Busy, st.Bubble())
+	}
+	if g := t.ring.Load(); g != nil {
+		st := g.Stats()
+		fmt.Fprintf(t.log, "sequence parallel: %d ranks, %d sequences in %d steps, the last one's prompt rows by rank %v\n",
+			len(t.addrs), st.Sequences, st.Steps, st.Split)
 	}
 	t.spawned.Stop()
 }
