@@ -135,7 +135,8 @@ func (cp *controlPlane) close() {
 }
 
 // join makes this worker a member of the hello's group: a rank (Kind
-// "coordinator") or a stage ("stage").
+// "coordinator"), a stage ("stage") or a rank of a sequence-parallel
+// ring ("seq").
 func (cp *controlPlane) join(ctx context.Context, h *hello) (*joined, error) {
 	w := cp.w
 	what, joinAs := "rank", func(h *hello) (member, error) { return w.join(h) }

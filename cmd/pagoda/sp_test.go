@@ -43,14 +43,22 @@ func longPrompt(t *testing.T, path string, n int) (string, int) {
 // (a 480-token prompt: 240 / 160 per rank) and the golden GQA llama (900
 // tokens: 450 / 300 per rank, GQA 4:1); and for a one-token prompt,
 // which leaves rank 1 without rows in the prefill (it still passes its
-// blocks around the ring).
+// blocks around the ring). A 4000-token prompt over 4 ranks (1000 each)
+// runs on a synthetic f32 llama (2 layers, GQA 2:1) with a 4200-token
+// context.
 func TestRunSequenceParallel(t *testing.T) {
+	long := filepath.Join(t.TempDir(), "tiny4k.gguf")
+	if code, _, stderr := pagoda(t, "synth", "-o", long, "-preset", "tiny", "-ctx", "4200", "-type", "f32"); code != 0 {
+		t.Fatalf("synth: %s", stderr)
+	}
 	for _, c := range []struct {
 		path string
 		n    int
+		ps   []string
 	}{
-		{filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf"), 480},
-		{filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-gqa.F32.gguf"), 900},
+		{filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf"), 480, []string{"2", "3"}},
+		{filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-gqa.F32.gguf"), 900, []string{"2", "3"}},
+		{long, 4000, []string{"4"}},
 	} {
 		prompt, n := longPrompt(t, c.path, c.n)
 		for _, p := range []string{prompt, ""} {
@@ -59,7 +67,7 @@ func TestRunSequenceParallel(t *testing.T) {
 			if code != 0 || len(want) <= len(p)+1 {
 				t.Fatalf("run: exit %d, printed %q: %s", code, want, stderr)
 			}
-			for _, P := range []string{"2", "3"} {
+			for _, P := range c.ps {
 				start := time.Now()
 				code, got, stderr := pagoda(t, append(args, "--sequence-parallel", P, "--threads", "2")...)
 				if code != 0 || got != want {
