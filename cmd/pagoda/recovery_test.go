@@ -326,7 +326,7 @@ func children(t *testing.T, pid int) []int {
 }
 
 // TestWorkerRecoverySpawned: a worker that `serve --tensor-parallel 2`
-// started itself is killed: the server notices without a request (/health
+// (or `--sequence-parallel 2`) started itself is killed: the server notices without a request (/health
 // 503 naming it), starts a new worker process and reconnects, and a
 // greedy completion is the one before.
 func TestWorkerRecoverySpawned(t *testing.T) {
@@ -336,9 +336,15 @@ func TestWorkerRecoverySpawned(t *testing.T) {
 	if _, err := os.Stat("/proc/self/task"); err != nil {
 		t.Skip("needs /proc to find the spawned workers")
 	}
+	for _, c := range []struct{ flag, what string }{{"--tensor-parallel", "tensor parallel"}, {"--sequence-parallel", "sequence parallel"}} {
+		t.Run(c.flag, func(t *testing.T) { workerRecoverySpawned(t, c.flag, c.what) })
+	}
+}
+
+func workerRecoverySpawned(t *testing.T, flag, what string) {
 	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
 	cmd := exec.Command(bin, "serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
-		"--tensor-parallel", "2", "--worker-timeout", "2s", "--worker-reconnect", "500ms")
+		flag, "2", "--worker-timeout", "2s", "--worker-reconnect", "500ms")
 	cmd.Env = append(cmd.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "HOME="+t.TempDir())
 	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -373,7 +379,7 @@ func TestWorkerRecoverySpawned(t *testing.T) {
 	hb, took := waitHealth(t, addr, 503, 10*time.Second)
 	t.Logf("/health %v after the kill, with no request: %s", took.Round(time.Millisecond), hb)
 	var h healthDown
-	if err := json.Unmarshal([]byte(hb), &h); err != nil || len(h.Workers) != 1 || !strings.Contains(h.Reason, "tensor parallel: rank ") || !strings.Contains(h.Reason, ": the worker process exited") {
+	if err := json.Unmarshal([]byte(hb), &h); err != nil || len(h.Workers) != 1 || !strings.Contains(h.Reason, what+": rank ") || !strings.Contains(h.Reason, ": the worker process exited") {
 		t.Errorf("/health while down: %s (%v)", hb, err)
 	}
 	_, took = waitHealth(t, addr, 200, 30*time.Second)
