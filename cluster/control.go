@@ -135,7 +135,8 @@ func (cp *controlPlane) close() {
 }
 
 // join makes this worker a member of the hello's group: a rank (Kind
-// "coordinator") or a stage ("stage").
+// "coordinator"), a stage ("stage") or a rank of a sequence-parallel
+// ring ("seq").
 func (cp *controlPlane) join(ctx context.Context, h *hello) (*joined, error) {
 	w := cp.w
 	what, joinAs := "rank", func(h *hello) (member, error) { return w.join(h) }
@@ -143,6 +144,8 @@ func (cp *controlPlane) join(ctx context.Context, h *hello) (*joined, error) {
 	case "coordinator":
 	case "stage":
 		what, joinAs = "stage", func(h *hello) (member, error) { return w.joinStage(h) }
+	case "seq":
+		what, joinAs = "sequence-parallel rank", func(h *hello) (member, error) { return w.joinSeq(h) }
 	default:
 		return nil, status.Errorf(codes.InvalidArgument, "a join of kind %q", h.Kind)
 	}
@@ -233,7 +236,11 @@ func (cp *controlPlane) serve(c net.Conn, token string) {
 		return
 	}
 	w := cp.w
-	w.Log.Info("serving", p.what, p.h.Rank, "of", p.h.Ranks, "kv_blocks", p.h.KV.NumBlocks, "wire", p.h.Wire)
+	blocks := 0 // a sequence-parallel rank keeps its K/V outside any block pool
+	if p.h.KV != nil {
+		blocks = p.h.KV.NumBlocks
+	}
+	w.Log.Info("serving", p.what, p.h.Rank, "of", p.h.Ranks, "kv_blocks", blocks, "wire", p.h.Wire)
 	err := serveSteps(c, p.mb)
 	w.Log.Info("group ended", p.what, p.h.Rank, "err", err)
 }
@@ -285,6 +292,23 @@ type peekedConn struct {
 
 func (c *peekedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
+// isRing says whether c (as isControl left it) opens with a ring link's
+// hello (ring.Link: "RING", u64 session, u32 rank, u32 ranks) and returns
+// its first 12 bytes. A data-plane hello cannot: its length would be
+// 0x474E4952, far over maxHello.
+func isRing(c net.Conn) ([]byte, bool) {
+	pc, ok := c.(*peekedConn)
+	if !ok {
+		return nil, false
+	}
+	b, err := pc.r.Peek(4)
+	if err != nil || string(b) != "RING" {
+		return nil, false
+	}
+	b, err = pc.r.Peek(12)
+	return b, err == nil
+}
+
 // http2Preface is how every gRPC connection opens.
 const http2Preface = "PRI * HTTP/2.0"
 
@@ -292,7 +316,7 @@ const http2Preface = "PRI * HTTP/2.0"
 // the control plane's (gRPC). A connection closed before any byte (a TCP
 // health check) gives io.EOF.
 func isControl(c net.Conn) (net.Conn, bool, error) {
-	br := bufio.NewReaderSize(c, 64)
+	br := bufio.NewReaderSize(c, 64) // the ring's hello fits too (isRing)
 	pc := &peekedConn{Conn: c, r: br}
 	// One byte first: a data-plane frame's first byte is rarely the
 	// preface's, and a peer that sent a few bytes of garbage must not be

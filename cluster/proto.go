@@ -19,7 +19,8 @@ import (
 
 // hello is the first message on a connection.
 type hello struct {
-	// Kind: "coordinator" (a tensor-parallel rank), "stage" (a pipeline
+	// Kind: "coordinator" (a tensor-parallel rank), "seq" (a
+	// sequence-parallel rank, seqpar.go), "stage" (a pipeline
 	// stage) or "peer" (another rank's mesh connection, or the previous
 	// stage's).
 	Kind string `json:"kind"`

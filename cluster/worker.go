@@ -51,6 +51,7 @@ type Worker struct {
 	mu      sync.Mutex
 	slot    chan struct{}            // holds a token while a session runs
 	joining map[string]chan peerConn // by session: mesh connections from higher ranks
+	rings   map[uint64]*ringListener // by session: ring connections (seqpar.go)
 }
 
 type peerConn struct {
@@ -88,6 +89,13 @@ func (w *Worker) Serve(ln net.Listener) error {
 func (w *Worker) handle(cp *controlPlane, c net.Conn) {
 	c.SetDeadline(time.Now().Add(helloTimeout))
 	c, control, err := isControl(c)
+	if err == nil && !control {
+		if hdr, ok := isRing(c); ok {
+			c.SetDeadline(time.Time{})
+			w.handRing(c, hdr)
+			return
+		}
+	}
 	var h hello
 	if err == nil && !control {
 		err = readMsg(c, &h)

@@ -70,10 +70,48 @@ func NewSeqRank(m *Model, t ring.Transport) (*SeqRank, error) {
 
 // Prefill runs this rank's rows of the sequence (positions increasing,
 // after those it holds) and returns their logits as Forward does. Every
-// rank calls it in the same step.
+// rank calls it in the same step. A rank with no rows in the step (a
+// prompt chunk shorter than the ring) passes an empty batch: it still
+// sends its runs around the ring in every layer, so the others' passes
+// complete.
 func (s *SeqRank) Prefill(b *Batch) ([]float32, error) {
 	s.be.decode = false
+	if len(b.Tokens) == 0 {
+		return nil, s.be.idle()
+	}
 	return s.m.Forward(b, nopCache{})
+}
+
+// Reset forgets the sequence: the next step is a new sequence's prefill
+// from position 0. Every rank resets before the same step. A broken
+// rank stays broken (its link is gone).
+func (s *SeqRank) Reset() {
+	for li := range s.be.layers {
+		s.be.layers[li] = nil
+	}
+	s.be.end = 0
+}
+
+// idle is a prefill step without rows: every layer's ring passes, with
+// no queries of this rank's own.
+func (be *seqBackend) idle() error {
+	if be.err != nil {
+		return be.err
+	}
+	ap := be.m.AttnParams()
+	s := ring.Shape{NHead: ap.NHead, NKVHead: ap.NKVHead, HeadDim: ap.HeadDim, Scale: ap.Scale, Window: ap.Window}
+	for li := range be.layers {
+		be.blocks = be.blocks[:0]
+		for _, r := range be.layers[li] {
+			be.blocks = append(be.blocks, ring.Block{Start: r.start, K: r.k, V: r.v})
+		}
+		if err := be.ring.PrefillBlocks(s, nil, nil, be.blocks, nil); err != nil {
+			be.err = fmt.Errorf("sequence parallel: layer %d: %w", li, err)
+			return be.err
+		}
+		be.end = be.ring.End()
+	}
+	return nil
 }
 
 // Decode runs rows that follow the whole sequence, the same batch on every

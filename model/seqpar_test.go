@@ -268,3 +268,83 @@ func TestSequenceParallelRefusals(t *testing.T) {
 		t.Fatal("a broken rank ran another step")
 	}
 }
+
+// TestSequenceParallelReset: two ranks run one sequence (a 200-token
+// prompt, zigzag, and a decode step), reset, and run another whose
+// one-token prompt leaves rank 1 without rows (it passes its empty runs
+// around the ring in every layer); the second sequence's logits are the
+// single process's for it alone, within 1e-4 — nothing of the first
+// leaks into it — and rank 1 holds nothing.
+func TestSequenceParallelReset(t *testing.T) {
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-gqa.F32.gguf")
+	opts := Options{Threads: 1, ContextLen: 512}
+	whole, err := Open(path, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer whole.Close()
+	first := make([]int32, 201)
+	for i := range first {
+		first[i] = int32(1 + (i*37)%500)
+	}
+	second := []int32{1, 77, 300}
+	kv := whole.NewFlatCache(1, 8)
+	var want [][]float32
+	for p := range second {
+		l, err := whole.Forward(chunkBatch(second, p, p+1), kv)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, l)
+	}
+	ranks := make([]*SeqRank, 2)
+	for i, l := range seqLinks(t, 2, 20*time.Second) {
+		m, err := Open(path, opts)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer m.Close()
+		if ranks[i], err = NewSeqRank(m, l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	step := func(f func(i int) ([]float32, error)) [][]float32 {
+		got, errs := make([][]float32, 2), make([]error, 2)
+		var wg sync.WaitGroup
+		for i := range 2 {
+			wg.Go(func() { got[i], errs[i] = f(i) })
+		}
+		wg.Wait()
+		for i, err := range errs {
+			if err != nil {
+				t.Fatalf("rank %d: %v", i, err)
+			}
+		}
+		return got
+	}
+	step(func(i int) ([]float32, error) {
+		z := ring.Zigzag(200, 2, i)
+		return ranks[i].Prefill(runsBatch(first, z[:]))
+	})
+	step(func(i int) ([]float32, error) { return ranks[i].Decode(chunkBatch(first, 200, 201)) })
+	for _, r := range ranks {
+		r.Reset()
+	}
+	got := step(func(i int) ([]float32, error) {
+		if i == 1 {
+			return ranks[i].Prefill(&Batch{})
+		}
+		return ranks[i].Prefill(chunkBatch(second, 0, 1))
+	})
+	if len(got[1]) != 0 || ranks[1].Len() != 0 || ranks[0].Len() != 1 {
+		t.Fatalf("after a one-token prompt: rank 1 returned %d logits and holds %d, rank 0 holds %d", len(got[1]), ranks[1].Len(), ranks[0].Len())
+	}
+	closeTo(t, "prompt logits after a reset", got[0], want[0], 1e-4)
+	for p := 1; p < len(second); p++ {
+		got := step(func(i int) ([]float32, error) { return ranks[i].Decode(chunkBatch(second, p, p+1)) })
+		closeTo(t, "decode logits after a reset", got[0], want[p], 1e-4)
+		if !slices.Equal(got[0], got[1]) {
+			t.Fatalf("decode %d: the ranks' logits differ", p)
+		}
+	}
+}

@@ -11,8 +11,8 @@ import (
 	"pagoda/speed"
 )
 
-// benchGroup runs bench's tests through a tensor-parallel group or a
-// pipeline of worker processes (grp, from the serve/run flags): the
+// benchGroup runs bench's tests through a tensor-parallel group, a
+// pipeline or a sequence-parallel ring of worker processes (grp, from the serve/run flags): the
 // coordinator plans every step's KV with a manager as the engine does,
 // and the workers compute, so pp and tg measure the group's throughput
 // as llama-bench measures one process's.
@@ -49,6 +49,8 @@ func benchGroup(grp *tp, path string, tests []speed.Test, reps, batch, ctx int) 
 		name += fmt.Sprintf(" tp%dxpp%d", grp.tensor, len(grp.addrs)/grp.tensor)
 	case grp.pipeline:
 		name += fmt.Sprintf(" pp%d", len(grp.addrs))
+	case grp.seq:
+		name += fmt.Sprintf(" sp%d", len(grp.addrs))
 	default:
 		name += fmt.Sprintf(" tp%d", len(grp.addrs))
 	}

@@ -162,7 +162,8 @@ func streamAndKill(t *testing.T, addr string, victim func()) string {
 	return string(rest)
 }
 
-// TestWorkerRecovery: a worker of a tensor-parallel group or a pipeline,
+// TestWorkerRecovery: a worker of a tensor-parallel group, a pipeline or
+// a sequence-parallel ring,
 // started by hand, is killed mid-stream (or stopped with SIGSTOP past
 // --worker-timeout): the stream ends with an error naming it, /health is
 // a 503 naming it, the metrics show it down, a new request is a 503; a
@@ -187,6 +188,9 @@ func TestWorkerRecovery(t *testing.T) {
 		{"pp2-idle", "--pipeline-parallel", "stage 1", "pipeline parallel: stage 1 at 127.0.0.1:", false, true, false, false},
 		{"tp2-cut", "--tensor-parallel", "rank 1", "tensor parallel: rank 1: ", false, false, true, false},
 		{"tp2xpp2", "--pipeline-parallel", "stage 0 rank 1", "pipeline parallel: stage 0 rank 1: ", false, false, false, true},
+		{"sp2", "--sequence-parallel", "rank 1", "sequence parallel: rank 1: ", false, false, false, false},
+		{"sp2-stall", "--sequence-parallel", "rank 1", "sequence parallel: rank 1: no answer within 2s", true, false, false, false},
+		{"sp2-cut", "--sequence-parallel", "rank 1", "sequence parallel: rank 1: ", false, false, true, false},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			a0, _ := startWorker(t, path)
@@ -345,7 +349,7 @@ func children(t *testing.T, pid int) []int {
 }
 
 // TestWorkerRecoverySpawned: a worker that `serve --tensor-parallel 2`
-// started itself is killed: the server notices without a request (/health
+// (or `--sequence-parallel 2`) started itself is killed: the server notices without a request (/health
 // 503 naming it), starts a new worker process and reconnects, and a
 // greedy completion is the one before.
 func TestWorkerRecoverySpawned(t *testing.T) {
@@ -355,9 +359,15 @@ func TestWorkerRecoverySpawned(t *testing.T) {
 	if _, err := os.Stat("/proc/self/task"); err != nil {
 		t.Skip("needs /proc to find the spawned workers")
 	}
+	for _, c := range []struct{ flag, what string }{{"--tensor-parallel", "tensor parallel"}, {"--sequence-parallel", "sequence parallel"}} {
+		t.Run(c.flag, func(t *testing.T) { workerRecoverySpawned(t, c.flag, c.what) })
+	}
+}
+
+func workerRecoverySpawned(t *testing.T, flag, what string) {
 	path := filepath.Join(testutil.Shared(t, "models/gguf"), "stories260K.gguf")
 	cmd := exec.Command(bin, "serve", "-m", path, "--port", "0", "--kv-cache-memory", "8MiB", "--threads", "2",
-		"--tensor-parallel", "2", "--worker-timeout", "2s", "--worker-reconnect", "500ms")
+		flag, "2", "--worker-timeout", "2s", "--worker-reconnect", "500ms")
 	cmd.Env = append(cmd.Environ(), "XDG_CACHE_HOME="+t.TempDir(), "HOME="+t.TempDir())
 	var log syncBuffer
 	cmd.Stdout, cmd.Stderr = &log, &log
@@ -392,7 +402,7 @@ func TestWorkerRecoverySpawned(t *testing.T) {
 	hb, took := waitHealth(t, addr, 503, 10*time.Second)
 	t.Logf("/health %v after the kill, with no request: %s", took.Round(time.Millisecond), hb)
 	var h healthDown
-	if err := json.Unmarshal([]byte(hb), &h); err != nil || len(h.Workers) != 1 || !strings.Contains(h.Reason, "tensor parallel: rank ") || !strings.Contains(h.Reason, ": the worker process exited") {
+	if err := json.Unmarshal([]byte(hb), &h); err != nil || len(h.Workers) != 1 || !strings.Contains(h.Reason, what+": rank ") || !strings.Contains(h.Reason, ": the worker process exited") {
 		t.Errorf("/health while down: %s (%v)", hb, err)
 	}
 	_, took = waitHealth(t, addr, 200, 30*time.Second)

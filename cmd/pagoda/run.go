@@ -106,6 +106,12 @@ func runRun(args []string) error {
 		return err
 	}
 	defer grp.close()
+	if err := grp.seqRefuse([]string{*kvf.all, *kvf.k, *kvf.v}, *kvPolicy, spf.method != "" || spf.draft != ""); err != nil {
+		return err
+	}
+	if grp != nil && grp.seq {
+		*kvf.all, *kvf.k, *kvf.v = "", "", "" // f32, which the ranks keep anyway
+	}
 	if grp != nil && (*reference || *kvPolicy != "" || *kvf.all+*kvf.k+*kvf.v != "" || spf.method != "" || spf.draft != "") {
 		return fmt.Errorf("--tensor-parallel/--workers run the default KV cache without --reference, --kv-policy, --kv-dtype or speculation")
 	}

@@ -229,6 +229,15 @@ func runServe(args []string) error {
 		return err
 	}
 	defer grp.close()
+	var kvGiven []string
+	for _, f := range []string{"kv-dtype", "kv-dtype-k", "kv-dtype-v"} {
+		if flagSet(fs, f) {
+			kvGiven = append(kvGiven, fs.Lookup(f).Value.String())
+		}
+	}
+	if err := grp.seqRefuse(kvGiven, *kvPolicy, spf.method != "" || spf.draft != ""); err != nil {
+		return err
+	}
 	m, err := grp.openModel(*modelPath, model.Options{Tokenizer: *tokPath, Threads: *threads, ContextLen: *ctxLen,
 		MaxMemory: tpf.capBytes, Reserve: kvReserve(grp, budget)})
 	if err != nil {
@@ -297,6 +306,7 @@ func runServe(args []string) error {
 		MaxNumBatchedTokens: *maxTokens, MaxNumSeqs: *maxSeqs, MaxWaiting: *maxWaiting, Static: *static,
 		Registry: reg, KVPolicy: pol, KVRope: grp.rope(m), Spec: sc, Executor: grp.executor(m, *ctxLen), InFlight: grp.inFlight(), KVEvents: kvLog, GrammarLimits: gLim,
 	}
+	grp.seqEngine(&ecfg)
 	blockBytes := engine.KVBlockBytes(ecfg)
 	formats := fmt.Sprintf("K %v V %v", kfK, kfV)
 	var kvReport string

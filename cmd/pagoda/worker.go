@@ -79,6 +79,7 @@ func runWorker(args []string) error {
 // tpFlags are serve's tensor- and pipeline-parallel flags.
 type tpFlags struct {
 	ranks   *int
+	seq     *int
 	stages  *int
 	micro   *int
 	minRows *int
@@ -123,6 +124,7 @@ func (f *tpFlags) capError(err error, grp *tp) error {
 
 func addTPFlags(fs *flag.FlagSet) *tpFlags {
 	return &tpFlags{
+		seq:     fs.Int("sequence-parallel", 1, "sequence-parallel ranks (Ring Attention): each worker process holds the whole model and 1/N of the sequence's keys and values, attention passes them around a ring; one sequence at a time, for long prompts (N > 1 without --workers starts N local `pagoda worker` processes)"),
 		ranks:   fs.Int("tensor-parallel", 1, "tensor-parallel ranks: each worker process holds 1/N of every layer and of the KV cache (N > 1 without --workers starts N local `pagoda worker` processes)"),
 		stages:  fs.Int("pipeline-parallel", 1, "pipeline stages: each worker process holds a contiguous range of the layers and their KV cache (M > 1 without --workers starts M local `pagoda worker` processes)"),
 		micro:   fs.Int("pipeline-micro-batches", 0, "micro-batches each step is cut into so the pipeline's stages overlap (0 = the number of stages; 1 = whole steps)"),
@@ -143,6 +145,8 @@ type tp struct {
 	spawned  *cluster.Spawned
 	threads  int
 	pipeline bool
+	// seq: the workers are a sequence-parallel group (Ring Attention).
+	seq bool
 	// tensor is the ranks of every pipeline stage (tensor × pipeline;
 	// 0 or 1: one worker per stage).
 	tensor  int
@@ -152,6 +156,7 @@ type tp struct {
 	wire    cluster.WireDType
 	stall   time.Duration
 	pipe    atomic.Pointer[cluster.Pipeline] // the latest, for its stats
+	ring    atomic.Pointer[cluster.SeqGroup] // the latest, for its stats
 	log     io.Writer
 	// sup runs the group or pipeline and reconnects it when it breaks;
 	// retry is its longest wait between attempts.
@@ -174,6 +179,9 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 	if *f.retry < 200*time.Millisecond || *f.retry > time.Hour {
 		return nil, fmt.Errorf("--worker-reconnect %v out of range [200ms, 1h]", *f.retry)
 	}
+	if *f.seq != 1 && wire != cluster.WireF32 {
+		return nil, fmt.Errorf("--wire-dtype %s: a sequence-parallel ring passes f32 keys and values only", wire)
+	}
 	t, err := f.start1(path, threads, log)
 	switch {
 	case err != nil:
@@ -189,6 +197,9 @@ func (f *tpFlags) start(path string, threads int, log io.Writer) (*tp, error) {
 func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 	addrs := splitList(*f.workers)
 	n, m := *f.ranks, *f.stages
+	if *f.seq != 1 {
+		return f.startSeq(path, addrs, threads, log)
+	}
 	switch {
 	case n > 1 && m > 1 && (n > 64 || n*m > 256):
 		return nil, fmt.Errorf("--tensor-parallel %d × --pipeline-parallel %d: %d workers (at most 256)", n, m, n*m)
@@ -220,6 +231,27 @@ func (f *tpFlags) start1(path string, threads int, log io.Writer) (*tp, error) {
 		return nil, fmt.Errorf("--tensor-parallel %d: %w", n, err)
 	}
 	return &tp{addrs: s.Addrs, spawned: s, threads: per}, nil
+}
+
+// startSeq is start for --sequence-parallel N: the workers given, or N
+// local ones.
+func (f *tpFlags) startSeq(path string, addrs []string, threads int, log io.Writer) (*tp, error) {
+	n := *f.seq
+	switch {
+	case n < 2 || n > 64:
+		return nil, fmt.Errorf("--sequence-parallel %d out of range [2, 64] (1: one process)", n)
+	case *f.ranks != 1 || *f.stages != 1:
+		return nil, fmt.Errorf("--sequence-parallel %d does not combine with --tensor-parallel or --pipeline-parallel (each rank holds the whole model; a shard or a stage cannot also split the sequence)", n)
+	case len(addrs) > 0 && len(addrs) != n:
+		return nil, fmt.Errorf("--sequence-parallel %d but %d --workers", n, len(addrs))
+	case len(addrs) > 0:
+		return &tp{addrs: addrs, threads: threads, seq: true}, nil
+	}
+	s, per, err := spawn(path, n, threads, *f.maxMem, log)
+	if err != nil {
+		return nil, fmt.Errorf("--sequence-parallel %d: %w", n, err)
+	}
+	return &tp{addrs: s.Addrs, spawned: s, threads: per, seq: true}, nil
 }
 
 // startPipeline is start for --pipeline-parallel M, each stage of n
@@ -274,6 +306,16 @@ func (t *tp) openModel(path string, o model.Options) (*model.Model, error) {
 	if t == nil {
 		return openModel(path, o)
 	}
+	if t.seq {
+		// Every rank holds the whole model, so the coordinator may too
+		// (it never computes with it).
+		m, err := openModel(path, o)
+		if err == nil && m.Config.MLA {
+			m.Close()
+			return nil, errors.New("--sequence-parallel: MLA models attend through their latent cache, which Ring Attention does not split")
+		}
+		return m, err
+	}
 	if t.pipeline {
 		return cluster.OpenGridShape(path, t.tensor, o)
 	}
@@ -309,6 +351,14 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 	}
 	return func(kc kvcache.Config) (executor.Executor, error) {
 		connect := func(addrs []string) (executor.Executor, error) {
+			if t.seq {
+				g, err := cluster.ConnectSeq(addrs, cluster.SeqOptions{Model: &m.Config, Threads: t.threads, Context: ctx, Exchange: t.stall})
+				if err != nil {
+					return nil, err
+				}
+				t.ring.Store(g)
+				return g, nil
+			}
 			if t.pipeline {
 				p, err := cluster.ConnectPipeline(addrs, cluster.PipelineOptions{Model: &m.Config, KV: kc, Threads: t.threads,
 					Context: ctx, MicroBatches: t.micro, MinRows: t.minRows, Wire: t.wire, Tensor: t.tensor, Exchange: t.stall})
@@ -325,8 +375,11 @@ func (t *tp) executor(m *model.Model, ctx int) func(kvcache.Config) (executor.Ex
 			return g, nil
 		}
 		what := "tensor parallel" // as the group's own errors name it
-		if t.pipeline {
+		switch {
+		case t.pipeline:
 			what = "pipeline parallel"
+		case t.seq:
+			what = "sequence parallel"
 		}
 		sup, err := cluster.Supervise(cluster.SuperviseOptions{Addrs: t.addrs, Connect: connect, Name: t.workerName, What: what,
 			Spawned: t.spawned, MaxBackoff: t.retry, Probe: time.Second, Log: t.log})
@@ -417,6 +470,11 @@ func (t *tp) close() {
 		fmt.Fprintf(t.log, "pipeline: %d steps in %d micro-batches, at most %d in flight, %v, stage busy %v, bubble %.3f\n",
 			st.Steps, st.MicroBatches, st.MaxInFlight, st.Wall, st.Busy, st.Bubble())
 	}
+	if g := t.ring.Load(); g != nil {
+		st := g.Stats()
+		fmt.Fprintf(t.log, "sequence parallel: %d ranks, %d sequences in %d steps, the last one's prompt rows by rank %v\n",
+			len(t.addrs), st.Sequences, st.Steps, st.Split)
+	}
 	t.spawned.Stop()
 }
 
@@ -426,10 +484,47 @@ func (t *tp) engine(m *model.Model, tok tokenizer.Tokenizer, ctx int) (*engine.E
 	cfg.MaxNumSeqs = 1
 	cfg.KVRope = nil
 	cfg.Executor = t.executor(m, ctx)
+	t.seqEngine(&cfg)
 	eng, err := engine.New(nil, tok, cfg)
 	if err != nil {
 		return nil, err
 	}
 	eng.Start()
 	return eng, nil
+}
+
+// seqEngine makes an engine configuration fit a sequence-parallel group:
+// one sequence at a time (the ranks hold one; others queue), from its
+// first token (no prefix cache: the ranks cannot share a prefix between
+// sequences), the whole prompt in one step (each ring pass then carries
+// the whole sequence's blocks once, not once per chunk).
+func (t *tp) seqEngine(cfg *engine.Config) {
+	if t == nil || !t.seq {
+		return
+	}
+	cfg.MaxNumSeqs = 1
+	cfg.DisablePrefixCache = true
+	cfg.MaxNumBatchedTokens = max(cfg.MaxNumBatchedTokens, cfg.ContextLen)
+	cfg.LongPrefillThreshold = 0
+}
+
+// seqRefuse names what a sequence-parallel group does not run: the
+// ranks keep f32 keys and values of one sequence, attend them all, and
+// compute no hidden states or trees.
+func (t *tp) seqRefuse(kvDTypes []string, kvPolicy string, spec bool) error {
+	if t == nil || !t.seq {
+		return nil
+	}
+	for _, d := range kvDTypes {
+		if d != "" && d != "f32" {
+			return fmt.Errorf("--sequence-parallel: --kv-dtype %s: the ranks keep their keys and values in f32 (give f32 or leave it out)", d)
+		}
+	}
+	switch {
+	case kvPolicy != "":
+		return fmt.Errorf("--sequence-parallel: --kv-policy %s: the ranks attend every position; KV policies are not supported", kvPolicy)
+	case spec:
+		return errors.New("--sequence-parallel: speculative decoding (--spec/--draft) is not supported: the ranks run one row per position, no trees")
+	}
+	return nil
 }
