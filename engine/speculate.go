@@ -98,7 +98,7 @@ func (e *Engine) propose() {
 		return min(e.specTokens(r), r.maxTokens-c.nOut-1, e.maxLen-len(s.tokens))
 	})
 	if e.ctl == nil && !e.cfg.Spec.Fixed && !e.cfg.Spec.Control.Off {
-		e.ctl = newSpecCtl(e.cfg.Spec.Control, ladderFor(e.cfg.Spec.Proposer, e.trees, e.specMax))
+		e.ctl = newSpecCtl(e.cfg.Spec.Control, ladderFor(e.cfg.Spec.Proposer, e.trees, e.specMax), e.specMax)
 	}
 	var tb treeBudget // the controller's tree for this step (zero: none)
 	if e.ctl != nil {

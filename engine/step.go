@@ -61,7 +61,7 @@ func (e *Engine) step() bool {
 	e.feat.collect(p, res, out.Hidden, func(r *request) bool { return e.specTokens(r) > 0 })
 	e.sch.Update(p, res)
 	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
-	e.ctlEnd()
+	e.ctlEnd(p.tokens)
 	return true
 }
 
