@@ -342,14 +342,14 @@ func TestSpecCtlTreeBudget(t *testing.T) {
 		// the exploited arm are tried (cheap: not the short chains once
 		// the 16-node tree measured ×3.6; dear: not the 16-node tree).
 		{"cheap verification", 0.004, armSpec, []int{armSpec + 2, armSpec, armSpec + 1}},
-		{"dear verification", 0.2, armSpec + 2, []int{armSpec + 2, armSpec + 1, armSpec + 4, armSpec + 3}},
+		{"dear verification", 0.2, armSpec + 2, []int{armSpec + 2, armSpec + 1, armSpec + 4}}, // {4 1 4} waits for budget
 		{"a chain does not pay", 0.6, armPlain, []int{armSpec + 2}},
 	} {
 		sim, _ := treeSim(cfg, func(int) float64 { return tc.x })
 		sim.steps(1, 300*cfg.Window)
 		s := &sim.c.b[0]
-		var trials []int
-		for w := 0; w < len(sim.runs); w += cfg.Window {
+		var trials []int // in the first 60 windows: later, faded measurements bring trials back
+		for w := 0; w < 60*cfg.Window; w += cfg.Window {
 			if a := sim.runs[w]; a != armPlain && !slices.Contains(trials, a) {
 				trials = append(trials, a)
 			}
@@ -388,9 +388,21 @@ func TestSpecCtlModelGate(t *testing.T) {
 	sim, _ := treeSim(cfg, func(n int) float64 { return map[bool]float64{true: 0.004, false: 0.6}[n < 5] })
 	sim.steps(1, 200*cfg.Window)
 	before := sim.c.byArm
-	sim.steps(8, 400*cfg.Window)
+	sim.steps(8, 100*cfg.Window)
 	if b := sim.c.b[ctlBucket(8)]; b.arm != armPlain || !slices.Equal(sim.c.byArm[armSpec:], before[armSpec:]) {
 		t.Errorf("8 in flight: exploits %d, steps by arm %v before, %v after", b.arm, before, sim.c.byArm)
+	}
+	// Later the measured acceptance fades and the rungs get trials again,
+	// within the budget.
+	sim.steps(8, 900*cfg.Window)
+	spec := 0
+	for _, a := range sim.runs[len(sim.runs)-1000*cfg.Window:] {
+		if a != armPlain {
+			spec++
+		}
+	}
+	if b := sim.c.b[ctlBucket(8)]; b.arm != armPlain || spec > 1000*cfg.Window*3/100 || sim.over != "" {
+		t.Errorf("8 in flight: exploits %d, %d speculative steps of %d; %s", b.arm, spec, 1000*cfg.Window, sim.over)
 	}
 	if sim.c.b[0].arm == armPlain {
 		t.Error("1 in flight: plain")

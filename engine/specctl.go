@@ -79,8 +79,11 @@ const (
 	// is below this fraction of the exploited arm's ends there.
 	ctlQuickExit = 0.7
 	// ctlAccDecay: the weight a step's tokens and rows per sequence keep
-	// per later step of the same arm, in the arm's acceptance estimate.
-	ctlAccDecay = 0.98
+	// per later measured step (of any arm) in its arm's estimate; ctlPrior
+	// is the weight, in sequences, of the guess the estimate is blended
+	// with (shape).
+	ctlAccDecay = 0.998
+	ctlPrior    = 8
 )
 
 // treeBudget is a rung of the tree ladder: the most nodes, children per
@@ -319,14 +322,14 @@ func (c *specCtl) untried(s *ctlState) int {
 func (c *specCtl) probeArm(s *ctlState) int {
 	if s.arm == armPlain {
 		b := c.bestSpec(s, true)
-		if b < 0 || s.ratio[b] < math.Log(ctlBackoffBelow) && s.n%uint64(c.cfg.ProbeEvery*ctlBackoff) != 0 {
+		if b < 0 || !c.pays(s, b, false) || s.ratio[b] < math.Log(ctlBackoffBelow) && s.n%uint64(c.cfg.ProbeEvery*ctlBackoff) != 0 {
 			return -1
 		}
 		return b
 	}
 	cand, k := [3]int{armPlain}, 1
 	for _, a := range [2]int{s.arm - 1, s.arm + 1} {
-		if a >= armSpec && a < c.arms && c.pays(s, a) {
+		if a >= armSpec && a < c.arms && c.pays(s, a, false) {
 			cand[k], k = a, k+1
 		}
 	}
@@ -350,25 +353,27 @@ func (c *specCtl) setCost(rowSec, draftSec float64, ok bool) {
 }
 
 // shape is what arm a yields and costs per decoding sequence and step:
-// tokens committed and rows forwarded, as measured over its steps.
-// Before any, the rows are its drafts plus one and the tokens a guess
-// from the arm measured to accept best: each draft of a chain accepted
-// with the probability α that fits that arm's tokens, a level of a tree
-// of top-k with 1−(1−α)^k, as if its siblings were independent guesses
-// (optimistic: EAGLE-2's trees accepted less than a chain of the same
-// depth on the KJV model); with nothing measured, every draft accepted.
-// The guess only decides whether the arm is worth a trial window.
+// tokens committed and rows forwarded, as measured over its steps,
+// blended with ctlPrior sequences' worth of a guess. The guess takes its
+// rows as its drafts plus one, and its tokens from the arm measured to
+// accept best: each draft of a chain accepted with the probability α
+// that fits that arm's tokens, a level of a tree of top-k with
+// 1−(1−α)^k, as if its siblings were independent guesses (optimistic:
+// EAGLE-2's trees accepted less than a chain of the same depth on the
+// KJV model); with nothing measured, every draft accepted. Measurements
+// fade with every measured step (ctlAccDecay), so an arm ruled out long
+// ago drifts back towards the guess and gets another trial: acceptance
+// changes as texts go on, and a chain proposer's spec arm is the cost
+// model's γ, which may have drafted nothing when it was measured.
 func (c *specCtl) shape(a int) (tok, rows float64) {
-	if x := &c.acc[a]; x.seqs > 0 {
-		return x.tok / x.seqs, x.rows / x.seqs
-	}
 	nodes, depth, topK := c.maxDraft, c.maxDraft, 1
 	if tb := c.budget(a); tb.nodes > 0 {
 		nodes, depth, topK = tb.nodes, tb.depth, tb.topK
 	}
+	tok, rows = float64(1+depth), float64(1+nodes)
 	alpha := -1.0
 	for b := armSpec; b < c.arms; b++ {
-		if x := &c.acc[b]; x.seqs > 0 {
+		if x := &c.acc[b]; b != a && x.seqs >= 1 {
 			al := chainAlpha(x.tok/x.seqs, c.depth(b))
 			if k := c.budget(b).topK; k > 1 {
 				al = 1 - math.Pow(1-al, 1/float64(k))
@@ -376,10 +381,11 @@ func (c *specCtl) shape(a int) (tok, rows float64) {
 			alpha = max(alpha, al)
 		}
 	}
-	if alpha < 0 {
-		return float64(1 + depth), float64(1 + nodes)
+	if alpha >= 0 {
+		tok = chainLen(1-math.Pow(1-alpha, float64(topK)), depth)
 	}
-	return chainLen(1-math.Pow(1-alpha, float64(topK)), depth), float64(1 + nodes)
+	x := &c.acc[a]
+	return (x.tok + ctlPrior*tok) / (x.seqs + ctlPrior), (x.rows + ctlPrior*rows) / (x.seqs + ctlPrior)
 }
 
 // chainLen is the mean tokens a verification of a chain of depth drafts
@@ -432,8 +438,13 @@ func (c *specCtl) predict(s *ctlState, a int) float64 {
 	return tok / (1 + s.rate[armPlain]*(c.rowSec+c.draftSec)*max(0, rows-1))
 }
 
-// pays reports whether the model predicts arm a to beat plain by Margin.
-func (c *specCtl) pays(s *ctlState, a int) bool {
+// pays reports whether the model predicts arm a to beat plain by Margin
+// (worth a trial), or with exploit, not to lose to it (worth exploiting
+// where it measured better).
+func (c *specCtl) pays(s *ctlState, a int, exploit bool) bool {
+	if exploit {
+		return c.predict(s, a) > 1
+	}
 	return c.predict(s, a) > 1+c.cfg.Margin
 }
 
@@ -442,7 +453,7 @@ func (c *specCtl) pays(s *ctlState, a int) bool {
 func (c *specCtl) bestSpec(s *ctlState, gated bool) int {
 	best := -1
 	for a := armSpec; a < c.arms; a++ {
-		if s.samples[a] > 0 && (!gated || c.pays(s, a)) && (best < 0 || s.ratio[a] > s.ratio[best]) {
+		if s.samples[a] > 0 && (!gated || c.pays(s, a, true)) && (best < 0 || s.ratio[a] > s.ratio[best]) {
 			best = a
 		}
 	}
@@ -487,10 +498,14 @@ func (c *specCtl) observe(n, arm, tokens, rows int, seconds float64) {
 	if s.probe {
 		c.probes++
 	}
+	for a := armSpec; a < c.arms; a++ {
+		x := &c.acc[a]
+		x.seqs, x.tok, x.rows = x.seqs*ctlAccDecay, x.tok*ctlAccDecay, x.rows*ctlAccDecay
+	}
 	if x := &c.acc[arm]; arm != armPlain && n > 0 {
-		x.seqs = x.seqs*ctlAccDecay + float64(n)
-		x.tok = x.tok*ctlAccDecay + float64(tokens)
-		x.rows = x.rows*ctlAccDecay + float64(rows)
+		x.seqs += float64(n)
+		x.tok += float64(tokens)
+		x.rows += float64(rows)
 	}
 	s.tok += float64(tokens)
 	s.sec += seconds
@@ -538,7 +553,7 @@ func (c *specCtl) decide(s *ctlState) {
 		s.arm = armPlain
 		return
 	}
-	if s.arm != armPlain && s.samples[s.arm] > 0 && c.pays(s, s.arm) && s.ratio[best] < s.ratio[s.arm]+m {
+	if s.arm != armPlain && s.samples[s.arm] > 0 && c.pays(s, s.arm, true) && s.ratio[best] < s.ratio[s.arm]+m {
 		best = s.arm
 	}
 	enter := 1 + c.cfg.Margin
