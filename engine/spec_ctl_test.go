@@ -41,7 +41,7 @@ func (s *ctlSim) steps(n, k int) {
 		s.carry -= float64(t)
 		sec := float64(t) / s.rate(n, arm)
 		s.now = s.now.Add(time.Duration(sec * float64(time.Second)))
-		s.c.observe(n, arm, t, int(math.Round(float64(n)*rows)), sec)
+		s.c.observe(ctlObs{n: n, arm: arm, tokens: t, rows: int(math.Round(float64(n) * rows)), sec: sec})
 		s.runs = append(s.runs, arm)
 		if float64(s.c.probes) > s.c.allowance() && s.over == "" {
 			s.over = fmt.Sprintf("step %d: %d trial steps of %d, allowance %.1f", len(s.runs), s.c.probes, s.c.total, s.c.allowance())
@@ -298,7 +298,7 @@ func TestSpecCtlTreeLadder(t *testing.T) {
 // tree whose steps cost what its cost model says: per sequence a plain
 // step takes 10 ms and yields a token; a rung adds x·10 ms per draft
 // node (a row of the pass and the drafting together: setCost gets it as
-// 10 ms·x per row and nothing per draft) and yields accLen tokens.
+// 10 ms·x per row, and the proposer takes no time) and yields accLen tokens.
 // The model then predicts each rung's ratio exactly, once measured.
 func treeSim(cfg SpecControl, x func(n int) float64) (*ctlSim, []treeBudget) {
 	ladder := treeLadder(16, 4, 5) // {16 4 5} {8 2 5} {5 1 5} {4 1 4} {3 1 3}
@@ -306,7 +306,7 @@ func treeSim(cfg SpecControl, x func(n int) float64) (*ctlSim, []treeBudget) {
 	var sim *ctlSim
 	sim = &ctlSim{c: newSpecCtl(cfg, ladder, 16), now: time.Unix(1e9, 0)}
 	sim.rate = func(n, arm int) float64 {
-		sim.c.setCost(0.01*x(n), 0, true) // the model's figures for the next step
+		sim.c.setCost(0.01*x(n), true) // the model's figures for the next step
 		if arm == armPlain {
 			return 100
 		}
@@ -318,7 +318,7 @@ func treeSim(cfg SpecControl, x func(n int) float64) (*ctlSim, []treeBudget) {
 		}
 		return accLen[arm-armSpec], float64(1 + ladder[arm-armSpec].nodes)
 	}
-	sim.c.setCost(0.01*x(1), 0, true)
+	sim.c.setCost(0.01*x(1), true)
 	return sim, ladder
 }
 
@@ -418,5 +418,43 @@ func TestSpecCtlModelGate(t *testing.T) {
 	}
 	if sim.over != "" {
 		t.Error(sim.over)
+	}
+}
+
+// TestSpecCtlSwitchAndDraftCost: the step that switches from plain to a
+// spec arm (the proposer catching up on every token decoded without it)
+// counts against the budget but not in the arm's rate or draft cost; a
+// proposal that drafted nothing leaves the draft cost finite; and the
+// measured draft cost fades with the steps that follow, so a proposer
+// once slow gets a trial again.
+func TestSpecCtlSwitchAndDraftCost(t *testing.T) {
+	c := newSpecCtl(SpecControl{Window: 4}, nil, 4)
+	now := time.Unix(1e9, 0)
+	step := func(o ctlObs) {
+		if arm := c.choose(o.n, now); arm != o.arm {
+			t.Fatalf("ran %s, want %s", armNames[arm], armNames[o.arm])
+		}
+		c.observe(o)
+	}
+	for range 4 {
+		step(ctlObs{n: 1, arm: armPlain, tokens: 1, rows: 1, sec: 0.001})
+	}
+	step(ctlObs{n: 1, arm: armSpec, tokens: 1, rows: 1, sec: 0.5, draftSec: 0.499, switched: true})
+	if s := &c.b[0]; s.sec != 0 || c.dSec != 0 || c.probes != 1 || s.left != 4 {
+		t.Fatalf("the switching step was measured: window %.3f s, draft %.3f s, %d trial steps, %d steps left", s.sec, c.dSec, c.probes, s.left)
+	}
+	step(ctlObs{n: 1, arm: armSpec, tokens: 1, rows: 1, sec: 0.003, draftSec: 0.002})
+	if d := c.draftSec(); math.IsInf(d, 0) || d > 0.002/ctlPrior+1e-12 {
+		t.Fatalf("draft cost %.4g s per token after a proposal that drafted nothing", d)
+	}
+	for range 3 {
+		step(ctlObs{n: 1, arm: armSpec, tokens: 3, rows: 5, drafted: 4, sec: 0.002, draftSec: 0.001})
+	}
+	d0 := c.draftSec()
+	for range 2000 {
+		c.observe(ctlObs{n: 1, arm: c.choose(1, now), tokens: 1, rows: 1, sec: 0.001})
+	}
+	if d := c.draftSec(); d > d0/10 {
+		t.Errorf("draft cost %.4g s per token after 2000 steps, %.4g before", d, d0)
 	}
 }

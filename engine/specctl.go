@@ -194,9 +194,12 @@ type specCtl struct {
 	total  uint64          // measured steps
 
 	// The cost model's figures (setCost): seconds per row of the
-	// target's pass and per drafted token; costOK once the fit exists.
-	rowSec, draftSec float64
-	costOK           bool
+	// target's pass; costOK once the fit exists.
+	rowSec float64
+	costOK bool
+	// dSec, dTok: decayed sums over measured steps of the proposer's
+	// seconds and the tokens it drafted.
+	dSec, dTok float64
 	// ungated: try every arm whatever the model predicts (tests).
 	ungated bool
 	// acc[a]: decayed sums over arm a's steps of the sequences decoded,
@@ -204,9 +207,11 @@ type specCtl struct {
 	acc [ctlArms]struct{ seqs, tok, rows float64 }
 
 	// The engine's side (ctlBegin, ctlEnd): the step being measured, and
-	// the step counts already added to the metrics.
-	cur ctlStep
-	pub [3]uint64
+	// the step counts already added to the metrics, and the arm the
+	// engine's last step ran.
+	cur     ctlStep
+	pub     [3]uint64
+	lastArm int
 }
 
 type ctlState struct {
@@ -345,11 +350,19 @@ const (
 	ctlBackoffBelow = 0.6
 )
 
-// setCost takes the cost model's figures: seconds per row of the
+// setCost takes the cost model's figure: seconds per row of the
 // target's pass (the slope of its fitted step time; ok false until the
-// fit exists) and per drafted token.
-func (c *specCtl) setCost(rowSec, draftSec float64, ok bool) {
-	c.rowSec, c.draftSec, c.costOK = rowSec, draftSec, ok
+// fit exists).
+func (c *specCtl) setCost(rowSec float64, ok bool) {
+	c.rowSec, c.costOK = rowSec, ok
+}
+
+// draftSec is the proposer's seconds per drafted token over the measured
+// steps, blended with ctlPrior tokens' worth of nothing: it fades as the
+// steps that measured it age, as the acceptance does (shape), and a
+// proposal that drafted nothing does not make it infinite.
+func (c *specCtl) draftSec() float64 {
+	return c.dSec / (c.dTok + ctlPrior)
 }
 
 // shape is what arm a yields and costs per decoding sequence and step:
@@ -435,7 +448,7 @@ func (c *specCtl) predict(s *ctlState, a int) float64 {
 		return math.Inf(1)
 	}
 	tok, rows := c.shape(a)
-	return tok / (1 + s.rate[armPlain]*(c.rowSec+c.draftSec)*max(0, rows-1))
+	return tok / (1 + s.rate[armPlain]*(c.rowSec+c.draftSec())*max(0, rows-1))
 }
 
 // pays reports whether the model predicts arm a to beat plain by Margin
@@ -483,38 +496,56 @@ func (s *ctlState) sample(mid, out int, lr float64) int {
 	return a
 }
 
-// observe records a step that decoded n sequences with arm: it committed
-// tokens output tokens and forwarded rows rows in seconds of wall clock,
-// the whole iteration of the engine (proposing, the pass, sampling,
-// streaming, the loop's bookkeeping) included.
-func (c *specCtl) observe(n, arm, tokens, rows int, seconds float64) {
-	s := &c.b[ctlBucket(n)]
-	if s.left <= 0 || arm != s.win || seconds <= 0 {
+// ctlObs is a measured step: it decoded n sequences with arm, committed
+// tokens output tokens and forwarded rows rows in sec seconds of wall
+// clock, the whole iteration of the engine (proposing, the pass,
+// sampling, streaming, the loop's bookkeeping) included, of which the
+// proposer took draftSec drafting drafted tokens. switched: the step
+// before ran plain, so the proposer caught up on every token since.
+type ctlObs struct {
+	n, arm, tokens, rows, drafted int
+	sec, draftSec                 float64
+	switched                      bool
+}
+
+// observe records a measured step. A step that switched from plain to a
+// spec arm counts against the exploration budget but is not measured:
+// its catch-up (an EAGLE or draft model's KV over the tokens decoded
+// without it; 9 ms against 1 ms for the KJV model's EAGLE chain after a
+// plain window at 1 in flight) is paid once per switch, not per step of
+// an arm that is exploited.
+func (c *specCtl) observe(o ctlObs) {
+	s := &c.b[ctlBucket(o.n)]
+	if s.left <= 0 || o.arm != s.win || o.sec <= 0 {
 		return // a window was reset under the step
 	}
 	c.total++
-	c.steps[min(arm, armSpec)]++
-	c.byArm[arm]++
+	c.steps[min(o.arm, armSpec)]++
+	c.byArm[o.arm]++
 	if s.probe {
 		c.probes++
 	}
+	if o.switched && o.arm != armPlain {
+		return
+	}
+	c.dSec, c.dTok = c.dSec*ctlAccDecay+o.draftSec, c.dTok*ctlAccDecay+float64(o.drafted)
 	for a := armSpec; a < c.arms; a++ {
 		x := &c.acc[a]
 		x.seqs, x.tok, x.rows = x.seqs*ctlAccDecay, x.tok*ctlAccDecay, x.rows*ctlAccDecay
 	}
-	if x := &c.acc[arm]; arm != armPlain && n > 0 {
-		x.seqs += float64(n)
-		x.tok += float64(tokens)
-		x.rows += float64(rows)
+	if x := &c.acc[o.arm]; o.arm != armPlain && o.n > 0 {
+		x.seqs += float64(o.n)
+		x.tok += float64(o.tokens)
+		x.rows += float64(o.rows)
 	}
-	s.tok += float64(tokens)
-	s.sec += seconds
+	s.tok += float64(o.tokens)
+	s.sec += o.sec
 	s.steps++
 	if s.left--; s.left > 0 && !c.losing(s) {
 		return
 	}
 	s.left = 0
-	c.endWindow(s, arm, s.tok/s.sec)
+	c.endWindow(s, o.arm, s.tok/s.sec)
 }
 
 // losing reports whether the trial in progress has fallen so far behind
@@ -593,9 +624,14 @@ type ctlStep struct {
 	done bool // it ran to its update, and the scheduler was not left idle
 	n    int  // decoding sequences
 	rows int  // rows it forwarded
-	arm  int
-	t0   time.Time
-	gen0 uint64
+	// drafted tokens in draftSec seconds of proposing; switched: the
+	// step before ran plain.
+	drafted  int
+	draftSec float64
+	switched bool
+	arm      int
+	t0       time.Time
+	gen0     uint64
 }
 
 // ctlBegin closes the measurement of the previous step, now that the
@@ -606,17 +642,28 @@ func (e *Engine) ctlBegin(n int, mixed bool) int {
 	c := e.ctl
 	now := time.Now()
 	if p := &c.cur; p.ok && p.done {
-		c.observe(p.n, p.arm, int(e.st.GenerationTokens-p.gen0), p.rows, now.Sub(p.t0).Seconds())
+		c.observe(ctlObs{n: p.n, arm: p.arm, tokens: int(e.st.GenerationTokens - p.gen0), rows: p.rows,
+			drafted: p.drafted, sec: now.Sub(p.t0).Seconds(), draftSec: p.draftSec, switched: p.switched})
 	}
 	_, b, ok := e.cost.Line()
-	c.setCost(b, e.cost.DraftPerToken(), ok)
+	c.setCost(b, ok)
 	c.cur = ctlStep{}
 	if mixed || n == 0 {
-		return c.mixedArm(n)
+		c.lastArm = c.mixedArm(n)
+		return c.lastArm
 	}
 	arm := c.choose(n, now)
-	c.cur = ctlStep{ok: true, n: n, arm: arm, t0: now, gen0: e.st.GenerationTokens}
+	c.cur = ctlStep{ok: true, n: n, arm: arm, t0: now, gen0: e.st.GenerationTokens, switched: c.lastArm == armPlain}
+	c.lastArm = arm
 	return arm
+}
+
+// ctlDrafted adds a proposal to the step being measured.
+func (e *Engine) ctlDrafted(tokens int, seconds float64) {
+	if c := e.ctl; c != nil && c.cur.ok {
+		c.cur.drafted += tokens
+		c.cur.draftSec += seconds
+	}
 }
 
 // ctlEnd marks the step being measured as run to its update, having

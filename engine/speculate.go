@@ -158,7 +158,9 @@ func (e *Engine) propose() {
 	for _, q := range reqs {
 		n += len(q.Draft)
 	}
-	e.cost.ObserveDraft(n, time.Since(t0).Seconds())
+	sec := time.Since(t0).Seconds()
+	e.cost.ObserveDraft(n, sec)
+	e.ctlDrafted(n, sec)
 	for _, d := range cands {
 		d.seq.takeDraft(e.trees)
 	}

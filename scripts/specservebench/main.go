@@ -12,8 +12,10 @@
 // With -draft a draft model joins as the setups draft and
 // draft-nocontrol; with -text the prompts are stretches of that text
 // (tokenized by the model) instead of random ids, which is what acceptance
-// is measured on. The load average is printed with every run: the machine
-// may be shared.
+// is measured on. With -before, setups named before:SETUP run SETUP on
+// another binary (the benchmark client stays this checkout's), so a
+// change is measured against what it replaced in the same interleaving.
+// The load average is printed with every run: the machine may be shared.
 //
 //	go run ./scripts/specservebench                  # stories260K, 3 reps: a few minutes on a quiet machine
 //	go run ./scripts/specservebench -setups plain,ngram,ngram-nocontrol -reps 5
@@ -93,15 +95,18 @@ func run(args []string) error {
 	medusaHeads := fs.String("medusa", "", "Medusa heads (side file) for the medusa setups")
 	eagleHeads := fs.String("eagle", "", "EAGLE draft (side file) for the eagle setups")
 	text := fs.String("text", "", "cut the prompts from this text file (tokenized by -m) instead of random ids")
+	before := fs.String("before", "", "another pagoda binary: setups named before:SETUP run SETUP with it (a change's before and after, interleaved)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	var order []string
 	for _, n := range strings.Split(*names, ",") {
-		if _, ok := setups[n]; !ok {
+		if base, ok := strings.CutPrefix(n, "before:"); ok && *before == "" {
+			return fmt.Errorf("setup %s needs -before", n)
+		} else if _, ok := setups[base]; !ok {
 			return fmt.Errorf("unknown setup %q", n)
 		}
-		if strings.HasPrefix(n, "draft") && *draft == "" {
+		if strings.HasPrefix(strings.TrimPrefix(n, "before:"), "draft") && *draft == "" {
 			return fmt.Errorf("setup %s needs -draft", n)
 		}
 		order = append(order, n)
@@ -138,20 +143,25 @@ func run(args []string) error {
 		for ci, conc := range cs {
 			for i := range order {
 				name := order[(i+rep+ci)%len(order)]
-				extra := slices.Clone(setups[name])
+				base, old := strings.CutPrefix(name, "before:")
+				serveBin := *bin
+				if old {
+					serveBin = *before
+				}
+				extra := slices.Clone(setups[base])
 				if *model != "" {
 					extra = append(extra, "-m", *model)
 				}
 				if *threads > 0 {
 					extra = append(extra, "--threads", strconv.Itoa(*threads))
 				}
-				if strings.HasPrefix(name, "medusa") {
+				if strings.HasPrefix(base, "medusa") {
 					extra = append(extra, "--heads", *medusaHeads)
 				}
-				if strings.HasPrefix(name, "eagle") {
+				if strings.HasPrefix(base, "eagle") {
 					extra = append(extra, "--heads", *eagleHeads)
 				}
-				if strings.HasPrefix(name, "draft") {
+				if strings.HasPrefix(base, "draft") {
 					extra = append(extra, "--draft", *draft)
 				}
 				extra = append(extra, strings.Fields(*serveArgs)...)
@@ -162,7 +172,7 @@ func run(args []string) error {
 				if *text != "" {
 					bench = append(bench, "-dataset", "text", "-text-file", *text, "-tokenizer", *model)
 				}
-				tp, a, state, err := once(*bin, tmp, extra, bench)
+				tp, a, state, err := once(serveBin, *bin, tmp, extra, bench)
 				if err != nil {
 					return fmt.Errorf("%s at %d in flight: %w", name, conc, err)
 				}
@@ -242,7 +252,7 @@ func loadAvg() string {
 // once starts a server with extra flags, runs the benchmark against it and
 // stops it: the output tokens/s, the speculation counters, and the
 // controller's state in words.
-func once(bin, tmp string, extra, bench []string) (float64, accept, string, error) {
+func once(bin, client, tmp string, extra, bench []string) (float64, accept, string, error) {
 	var a accept
 	port, err := proc.FreePort()
 	if err != nil {
@@ -266,7 +276,7 @@ func once(bin, tmp string, extra, bench []string) (float64, accept, string, erro
 		return 0, a, "", fmt.Errorf("%w; server log:\n%s", err, log)
 	}
 	out := filepath.Join(tmp, "bench.json")
-	b := exec.Command(bin, append([]string{"bench", "serve", "-base-url", base, "-json", out}, bench...)...)
+	b := exec.Command(client, append([]string{"bench", "serve", "-base-url", base, "-json", out}, bench...)...)
 	b.Stdout, b.Stderr = io.Discard, os.Stderr
 	if err := b.Run(); err != nil {
 		return 0, a, "", fmt.Errorf("bench serve: %w", err)
