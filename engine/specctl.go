@@ -658,9 +658,10 @@ func (e *Engine) ctlBegin(n int, mixed bool) int {
 	return arm
 }
 
-// ctlDrafted adds a proposal to the step being measured.
-func (e *Engine) ctlDrafted(tokens int, seconds float64) {
-	if c := e.ctl; c != nil && c.cur.ok {
+// addDraft adds a proposal to the step being measured (c may be nil: no
+// controller).
+func (c *specCtl) addDraft(tokens int, seconds float64) {
+	if c != nil && c.cur.ok {
 		c.cur.drafted += tokens
 		c.cur.draftSec += seconds
 	}

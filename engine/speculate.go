@@ -160,7 +160,7 @@ func (e *Engine) propose() {
 	}
 	sec := time.Since(t0).Seconds()
 	e.cost.ObserveDraft(n, sec)
-	e.ctlDrafted(n, sec)
+	e.ctl.addDraft(n, sec)
 	for _, d := range cands {
 		d.seq.takeDraft(e.trees)
 	}
