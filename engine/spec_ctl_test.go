@@ -342,14 +342,14 @@ func TestSpecCtlTreeBudget(t *testing.T) {
 		// the exploited arm are tried (cheap: not the short chains once
 		// the 16-node tree measured ×3.6; dear: not the 16-node tree).
 		{"cheap verification", 0.004, armSpec, []int{armSpec + 2, armSpec, armSpec + 1}},
-		{"dear verification", 0.2, armSpec + 2, []int{armSpec + 2, armSpec + 1, armSpec + 4}}, // {4 1 4} waits for budget
+		{"dear verification", 0.2, armSpec + 2, []int{armSpec + 2, armSpec + 1, armSpec + 4, armSpec + 3}},
 		{"a chain does not pay", 0.6, armPlain, []int{armSpec + 2}},
 	} {
 		sim, _ := treeSim(cfg, func(int) float64 { return tc.x })
 		sim.steps(1, 300*cfg.Window)
 		s := &sim.c.b[0]
-		var trials []int // in the first 60 windows: later, faded measurements bring trials back
-		for w := 0; w < 60*cfg.Window; w += cfg.Window {
+		var trials []int // in the first 150 windows: later, faded measurements bring trials back
+		for w := 0; w < 150*cfg.Window; w += cfg.Window {
 			if a := sim.runs[w]; a != armPlain && !slices.Contains(trials, a) {
 				trials = append(trials, a)
 			}

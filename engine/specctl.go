@@ -74,7 +74,7 @@ const (
 	// ctlFreeWindows: trial windows a fresh controller may run before
 	// the Explore fraction of its steps allows them, so that a short run
 	// can still find speculation that pays.
-	ctlFreeWindows = 2
+	ctlFreeWindows = 1
 	// ctlQuickExit: a trial window whose rate, after a quarter of it,
 	// is below this fraction of the exploited arm's ends there.
 	ctlQuickExit = 0.7
