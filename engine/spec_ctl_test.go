@@ -16,13 +16,14 @@ import (
 // sequences, commits n tokens (with yield: tok per sequence, forwarding
 // rows rows each) and takes tokens/rate(n, arm) seconds.
 type ctlSim struct {
-	c     *specCtl
-	now   time.Time
-	rate  func(n, arm int) float64
-	yield func(arm int) (tok, rows float64)
-	carry float64 // fractions of tokens not yet committed
-	runs  []int   // the arm of every step
-	over  string  // the first step at which trials exceeded their allowance
+	c      *specCtl
+	now    time.Time
+	rate   func(n, arm int) float64
+	yield  func(arm int) (tok, rows float64)
+	carry  float64 // fractions of tokens not yet committed
+	runs   []int   // the arm of every step
+	over   string  // the first step at which trials exceeded their allowance
+	maxSec float64 // the longest step
 }
 
 func newCtlSim(cfg SpecControl, rate func(n, arm int) float64) *ctlSim {
@@ -45,6 +46,13 @@ func (s *ctlSim) steps(n, k int) {
 		s.runs = append(s.runs, arm)
 		if float64(s.c.probes) > s.c.allowance() && s.over == "" {
 			s.over = fmt.Sprintf("step %d: %d trial steps of %d, allowance %.1f", len(s.runs), s.c.probes, s.c.total, s.c.allowance())
+		}
+		// In time: Explore of the measured seconds, plus the free window
+		// and the overrun of the trial in progress, each at most two
+		// windows of the slowest steps.
+		s.maxSec = max(s.maxSec, sec)
+		if most := s.c.cfg.Explore*s.c.totalSec + 4*float64(s.c.cfg.Window)*s.maxSec; s.c.trialSec > most && s.over == "" {
+			s.over = fmt.Sprintf("step %d: %.3f s of trials in %.3f s, allowance %.3f s", len(s.runs), s.c.trialSec, s.c.totalSec, most)
 		}
 	}
 }

@@ -171,11 +171,11 @@ func ctlBucketName(b int) string {
 	return fmt.Sprintf("%d-%d", 1<<(b-1)+1, 1<<b)
 }
 
-// ctlWin is a completed window: its number, arm and rate.
+// ctlWin is a completed window: its number, arm, rate and duration.
 type ctlWin struct {
-	n    uint64
-	arm  int
-	rate float64
+	n         uint64
+	arm       int
+	rate, sec float64
 }
 
 // specCtl is the controller; it keeps no clock of its own (its callers
@@ -192,6 +192,10 @@ type specCtl struct {
 	byArm  [ctlArms]uint64 // measured steps by arm (the spec ones by rung)
 	probes uint64          // measured steps of trial windows: the exploration spent
 	total  uint64          // measured steps
+	// trialSec and totalSec are the same in seconds: a trial step of a
+	// tree at 8 in flight costs 2–4 plain ones, so the budget holds in
+	// time as well as in steps.
+	trialSec, totalSec float64
 
 	// The cost model's figures (setCost): seconds per row of the
 	// target's pass; costOK once the fit exists.
@@ -288,6 +292,11 @@ func (c *specCtl) trial(s *ctlState) int {
 		return -1
 	}
 	if float64(c.probes)+float64(c.cfg.Window) > c.allowance() {
+		return -1
+	}
+	// A trial may take up to its window's time at the exploited arm's
+	// pace over ctlQuickExit before it ends (losing).
+	if est := s.prev[0].sec / ctlQuickExit; c.trialSec+est > c.cfg.Explore*c.totalSec+ctlFreeWindows*est {
 		return -1
 	}
 	if a := c.untried(s); a >= 0 {
@@ -520,10 +529,12 @@ func (c *specCtl) observe(o ctlObs) {
 		return // a window was reset under the step
 	}
 	c.total++
+	c.totalSec += o.sec
 	c.steps[min(o.arm, armSpec)]++
 	c.byArm[o.arm]++
 	if s.probe {
 		c.probes++
+		c.trialSec += o.sec
 	}
 	if o.switched && o.arm != armPlain {
 		return
@@ -549,10 +560,17 @@ func (c *specCtl) observe(o ctlObs) {
 }
 
 // losing reports whether the trial in progress has fallen so far behind
-// the exploited arm, a quarter of the way in, that finishing it would
-// only cost more.
+// the exploited arm that finishing it would only cost more: below half
+// its rate after two steps, below ctlQuickExit of it a quarter of the
+// way in. (trial budgets a trial's time as its window at the exploited
+// arm's pace over ctlQuickExit; one slower than that but above half the
+// rate overruns it by at most a quarter window.)
 func (c *specCtl) losing(s *ctlState) bool {
-	return s.probe && s.steps >= max(2, c.cfg.Window/4) && s.tok/s.sec < ctlQuickExit*s.rate[s.arm]
+	if !s.probe {
+		return false
+	}
+	r, x := s.tok/s.sec, s.rate[s.arm]
+	return s.steps >= 2 && r < x/2 || s.steps >= max(2, c.cfg.Window/4) && r < ctlQuickExit*x
 }
 
 // endWindow records a completed window of arm that realised rate
@@ -564,7 +582,7 @@ func (c *specCtl) endWindow(s *ctlState, arm int, r float64) {
 		s.rate[arm] += ctlBeta * (r - s.rate[arm])
 	}
 	s.wins[arm]++
-	w, p := ctlWin{s.n, arm, r}, s.prev
+	w, p := ctlWin{s.n, arm, r, s.sec}, s.prev
 	if p[0].n+1 == w.n && p[1].n+2 == w.n && p[1].arm == arm && p[0].arm != arm && r > 0 && p[0].rate > 0 && p[1].rate > 0 {
 		s.sample(p[0].arm, arm, math.Log(p[0].rate)-(math.Log(p[1].rate)+math.Log(r))/2)
 	}
