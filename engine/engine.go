@@ -196,6 +196,7 @@ type Engine struct {
 	specMax   int       // Config.Spec.Tokens, defaulted
 	cost      spec.Cost // measured step costs: when speculation pays
 	specReqs  []*spec.Req
+	specCands []draftCand
 	specErrs  uint64
 	specSteps uint64  // steps with speculation candidates: the probes' clock
 	hist      []int32 // a sequence's tokens and its accepted drafts, while verifying

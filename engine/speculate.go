@@ -90,15 +90,16 @@ func (e *Engine) specTokens(r *request) int {
 // number of drafts the scheduler finds worth verifying.
 func (e *Engine) propose() {
 	sc := e.sch
-	cands := sc.draftCands(func(s *sequence) int {
+	cands := sc.draftCands(e.specCands[:0], func(s *sequence) int {
 		r := s.req
 		c := &r.comps[s.index]
 		// Each verification yields at most max+1 tokens; drafts beyond
 		// max_tokens or the context would be wasted or out of range.
 		return min(e.specTokens(r), r.maxTokens-c.nOut-1, e.maxLen-len(s.tokens))
 	})
+	e.specCands = cands // reused: a step, plain or not, allocates no candidate list
 	if e.ctl == nil && !e.cfg.Spec.Fixed && !e.cfg.Spec.Control.Off {
-		e.ctl = newSpecCtl(e.cfg.Spec.Control, ladderFor(e.cfg.Spec.Proposer, e.trees, e.specMax))
+		e.ctl = newSpecCtl(e.cfg.Spec.Control, ladderFor(e.cfg.Spec.Proposer, e.trees, e.specMax), e.specMax)
 	}
 	var tb treeBudget // the controller's tree for this step (zero: none)
 	if e.ctl != nil {
@@ -158,7 +159,9 @@ func (e *Engine) propose() {
 	for _, q := range reqs {
 		n += len(q.Draft)
 	}
-	e.cost.ObserveDraft(n, time.Since(t0).Seconds())
+	sec := time.Since(t0).Seconds()
+	e.cost.ObserveDraft(n, sec)
+	e.ctl.addDraft(n, sec)
 	for _, d := range cands {
 		d.seq.takeDraft(e.trees)
 	}
@@ -167,8 +170,7 @@ func (e *Engine) propose() {
 // draftCands are the running sequences that may carry drafts this step:
 // decoding (no prompt or recompute in flight), of a request that is not
 // about to fork, with room for at least one draft by limit.
-func (sc *scheduler) draftCands(limit func(*sequence) int) []draftCand {
-	var cands []draftCand
+func (sc *scheduler) draftCands(cands []draftCand, limit func(*sequence) int) []draftCand {
 	for _, s := range sc.running {
 		if s.finished || len(s.tokens)-s.numComputed != 1 || len(s.tokens) <= len(s.req.r.Prompt) {
 			continue // a prompt (or its recompute) is in flight

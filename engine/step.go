@@ -75,7 +75,7 @@ func finishStep(e *Engine, p *plan, in *executor.StepInput, kvp *model.KVPlan, o
 	e.feat.collect(p, res, out.Hidden, func(r *request) bool { return e.specTokens(r) > 0 })
 	e.sch.Update(p, res)
 	e.cost.ObserveStep(p.tokens, time.Since(t0).Seconds())
-	e.ctlEnd()
+	e.ctlEnd(p.tokens)
 }
 
 // account counts what the scheduler did besides planning work.

@@ -46,7 +46,7 @@ func (f *specFlags) register(fs *flag.FlagSet) {
 	fs.IntVar(&f.ngramMin, "spec-ngram-min", 2, "ngram: shortest suffix matched")
 	fs.IntVar(&f.ngramMax, "spec-ngram-max", 4, "ngram: longest suffix matched")
 	fs.BoolVar(&f.fixed, "spec-fixed", false, "always draft --spec-tokens (no adaptive length, no cost model deciding when it pays)")
-	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured by alternating; for medusa/eagle also pick the tree size per load from a ladder below --spec-tokens, --spec-tree-topk and --spec-tree-depth (false: the cost model alone decides)")
+	fs.BoolVar(&f.control, "spec-control", true, "speculate only at loads where it realises more output tokens/s than plain decoding, measured in trial windows that the cost model predicts can pay, within 3% of the steps; for medusa/eagle also pick the tree size per load from a ladder below --spec-tokens, --spec-tree-topk and --spec-tree-depth (false: the cost model alone decides)")
 }
 
 var specLimits = []limit{{"spec-tree-nodes", 0, engine.MaxSpecTokens}, {"spec-tree-topk", 1, 16}, {"spec-tree-depth", 1, 16}, {"spec-tokens", 1, engine.MaxSpecTokens}, {"spec-p-min", 0, 1}, {"spec-ngram-min", 1, 64}, {"spec-ngram-max", 1, 64}}

@@ -12,8 +12,10 @@
 // With -draft a draft model joins as the setups draft and
 // draft-nocontrol; with -text the prompts are stretches of that text
 // (tokenized by the model) instead of random ids, which is what acceptance
-// is measured on. The load average is printed with every run: the machine
-// may be shared.
+// is measured on. With -before, setups named before:SETUP run SETUP on
+// another binary (the benchmark client stays this checkout's), so a
+// change is measured against what it replaced in the same interleaving.
+// The load average is printed with every run: the machine may be shared.
 //
 //	go run ./scripts/specservebench                  # stories260K, 3 reps: a few minutes on a quiet machine
 //	go run ./scripts/specservebench -setups plain,ngram,ngram-nocontrol -reps 5
@@ -93,15 +95,18 @@ func run(args []string) error {
 	medusaHeads := fs.String("medusa", "", "Medusa heads (side file) for the medusa setups")
 	eagleHeads := fs.String("eagle", "", "EAGLE draft (side file) for the eagle setups")
 	text := fs.String("text", "", "cut the prompts from this text file (tokenized by -m) instead of random ids")
+	before := fs.String("before", "", "another pagoda binary: setups named before:SETUP run SETUP with it (a change's before and after, interleaved)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
 	var order []string
 	for _, n := range strings.Split(*names, ",") {
-		if _, ok := setups[n]; !ok {
+		if base, ok := strings.CutPrefix(n, "before:"); ok && *before == "" {
+			return fmt.Errorf("setup %s needs -before", n)
+		} else if _, ok := setups[base]; !ok {
 			return fmt.Errorf("unknown setup %q", n)
 		}
-		if strings.HasPrefix(n, "draft") && *draft == "" {
+		if strings.HasPrefix(strings.TrimPrefix(n, "before:"), "draft") && *draft == "" {
 			return fmt.Errorf("setup %s needs -draft", n)
 		}
 		order = append(order, n)
@@ -138,20 +143,25 @@ func run(args []string) error {
 		for ci, conc := range cs {
 			for i := range order {
 				name := order[(i+rep+ci)%len(order)]
-				extra := slices.Clone(setups[name])
+				base, old := strings.CutPrefix(name, "before:")
+				serveBin := *bin
+				if old {
+					serveBin = *before
+				}
+				extra := slices.Clone(setups[base])
 				if *model != "" {
 					extra = append(extra, "-m", *model)
 				}
 				if *threads > 0 {
 					extra = append(extra, "--threads", strconv.Itoa(*threads))
 				}
-				if strings.HasPrefix(name, "medusa") {
+				if strings.HasPrefix(base, "medusa") {
 					extra = append(extra, "--heads", *medusaHeads)
 				}
-				if strings.HasPrefix(name, "eagle") {
+				if strings.HasPrefix(base, "eagle") {
 					extra = append(extra, "--heads", *eagleHeads)
 				}
-				if strings.HasPrefix(name, "draft") {
+				if strings.HasPrefix(base, "draft") {
 					extra = append(extra, "--draft", *draft)
 				}
 				extra = append(extra, strings.Fields(*serveArgs)...)
@@ -162,7 +172,7 @@ func run(args []string) error {
 				if *text != "" {
 					bench = append(bench, "-dataset", "text", "-text-file", *text, "-tokenizer", *model)
 				}
-				tp, a, state, err := once(*bin, tmp, extra, bench)
+				tp, a, state, err := once(serveBin, *bin, tmp, extra, bench)
 				if err != nil {
 					return fmt.Errorf("%s at %d in flight: %w", name, conc, err)
 				}
@@ -170,7 +180,7 @@ func run(args []string) error {
 				tps[k] = append(tps[k], tp)
 				ctl[k] = append(ctl[k], state)
 				acc[k] = append(acc[k], a)
-				fmt.Fprintf(os.Stderr, "rep %d  %2d in flight  %-16s %8.1f tok/s  %s  %s  load %s  (%s)\n", rep+1, conc, name, tp, a, state, loadAvg(), time.Since(start).Round(time.Second))
+				fmt.Fprintf(os.Stderr, "rep %d  %2d in flight  %-16s %8.1f tok/s  %6.0f tok/CPU-s  %s  %s  load %s  (%s)\n", rep+1, conc, name, tp, a.perCPU(), a, state, loadAvg(), time.Since(start).Round(time.Second))
 			}
 		}
 	}
@@ -187,6 +197,30 @@ func run(args []string) error {
 			xs := tps[key{n, c}]
 			cell := fmt.Sprintf("%.1f [%.1f–%.1f]", median(xs), slices.Min(xs), slices.Max(xs))
 			if n != order[0] && base > 0 {
+				cell += fmt.Sprintf(" ×%.2f", median(xs)/base)
+			}
+			fmt.Printf(" | %-26s", cell)
+		}
+		fmt.Println()
+	}
+	fmt.Printf("\noutput tokens per CPU-second of the server, median [min–max] (robust to other jobs sharing the cores)\n\n")
+	fmt.Printf("%-10s", "in flight")
+	for _, n := range order {
+		fmt.Printf(" | %-26s", n)
+	}
+	fmt.Println()
+	for _, c := range cs {
+		fmt.Printf("%-10d", c)
+		var base float64
+		for i, n := range order {
+			var xs []float64
+			for _, a := range acc[key{n, c}] {
+				xs = append(xs, a.perCPU())
+			}
+			cell := fmt.Sprintf("%.0f [%.0f–%.0f]", median(xs), slices.Min(xs), slices.Max(xs))
+			if i == 0 {
+				base = median(xs)
+			} else if base > 0 {
 				cell += fmt.Sprintf(" ×%.2f", median(xs)/base)
 			}
 			fmt.Printf(" | %-26s", cell)
@@ -219,8 +253,37 @@ func run(args []string) error {
 	return nil
 }
 
-// accept is a run's speculation counters (the server's spec_decode_*).
-type accept struct{ drafts, drafted, accepted float64 }
+// accept is a run's speculation counters (the server's spec_decode_*),
+// its output tokens and the CPU seconds the server spent on them.
+type accept struct{ drafts, drafted, accepted, tokens, cpu float64 }
+
+// perCPU is output tokens per CPU-second of the server: unlike tokens/s
+// it hardly moves when other jobs take the cores, so on a shared
+// machine it tells setups apart where wall-clock rates do not.
+func (a accept) perCPU() float64 {
+	if a.cpu <= 0 {
+		return 0
+	}
+	return a.tokens / a.cpu
+}
+
+// cpuSeconds is the user+system CPU time of process pid so far (Linux;
+// 0 elsewhere).
+func cpuSeconds(pid int) float64 {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The fields after the command name (which may hold spaces): state is
+	// the first, utime and stime the 12th and 13th.
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(f) < 13 {
+		return 0
+	}
+	u, _ := strconv.ParseFloat(f[11], 64)
+	st, _ := strconv.ParseFloat(f[12], 64)
+	return (u + st) / 100 // USER_HZ
+}
 
 func (a accept) String() string {
 	if a.drafts == 0 {
@@ -242,7 +305,7 @@ func loadAvg() string {
 // once starts a server with extra flags, runs the benchmark against it and
 // stops it: the output tokens/s, the speculation counters, and the
 // controller's state in words.
-func once(bin, tmp string, extra, bench []string) (float64, accept, string, error) {
+func once(bin, client, tmp string, extra, bench []string) (float64, accept, string, error) {
 	var a accept
 	port, err := proc.FreePort()
 	if err != nil {
@@ -265,14 +328,17 @@ func once(bin, tmp string, extra, bench []string) (float64, accept, string, erro
 		log, _ := os.ReadFile(logf.Name())
 		return 0, a, "", fmt.Errorf("%w; server log:\n%s", err, log)
 	}
+	cpu0 := cpuSeconds(s.Pid())
 	out := filepath.Join(tmp, "bench.json")
-	b := exec.Command(bin, append([]string{"bench", "serve", "-base-url", base, "-json", out}, bench...)...)
+	b := exec.Command(client, append([]string{"bench", "serve", "-base-url", base, "-json", out}, bench...)...)
 	b.Stdout, b.Stderr = io.Discard, os.Stderr
 	if err := b.Run(); err != nil {
 		return 0, a, "", fmt.Errorf("bench serve: %w", err)
 	}
+	a.cpu = cpuSeconds(s.Pid()) - cpu0
 	var r struct {
 		Completed        int     `json:"completed"`
+		TotalOutput      float64 `json:"total_output_tokens"`
 		OutputThroughput float64 `json:"output_throughput"`
 		Drafts           float64 `json:"spec_decode_num_drafts"`
 		DraftTokens      float64 `json:"spec_decode_num_draft_tokens"`
@@ -285,7 +351,7 @@ func once(bin, tmp string, extra, bench []string) (float64, accept, string, erro
 	if err := json.Unmarshal(data, &r); err != nil {
 		return 0, a, "", err
 	}
-	a = accept{r.Drafts, r.DraftTokens, r.Accepted}
+	a.drafts, a.drafted, a.accepted, a.tokens = r.Drafts, r.DraftTokens, r.Accepted, r.TotalOutput
 	return r.OutputThroughput, a, controllerState(base), nil
 }
 
