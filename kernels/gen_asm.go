@@ -922,54 +922,6 @@ func scores4(k vecKind) {
 	p("RET")
 }
 
-// mix4: out_j[i] += Σ_t w_j[t]·v_t[i] for four heads j, out_j at out+j·d
-// floats, w_j at w+j·ws bytes: each 16-lane chunk of a row is widened once
-// for the four heads, their sums held in registers across the rows. d is
-// a positive multiple of 16.
-func mix4(k vecKind) {
-	fmt.Fprintf(&b, "\n// func mix4%sAVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)\n", k.name)
-	fmt.Fprintf(&b, "TEXT ·mix4%sAVX512(SB), NOSPLIT, $0-56\n", k.name)
-	p("MOVQ out+0(FP), R9")
-	p("MOVQ w+8(FP), R10")
-	p("MOVQ v+16(FP), R11")
-	p("MOVQ n+24(FP), R12")
-	p("MOVQ d+32(FP), R13")
-	p("MOVQ stride+40(FP), R8")
-	p("MOVQ ws+48(FP), BX")
-	p("LEAQ (BX)(BX*2), DX")
-	p("MOVQ R13, R14")
-	p("SHLQ $2, R14")
-	p("LEAQ (R14)(R14*2), AX")
-	fmt.Fprintf(&b, "chunk:\n")
-	p("VMOVUPS (R9), Z0")
-	p("VMOVUPS (R9)(R14*1), Z1")
-	p("VMOVUPS (R9)(R14*2), Z2")
-	p("VMOVUPS (R9)(AX*1), Z3")
-	p("MOVQ R10, SI")
-	p("MOVQ R11, DI")
-	p("MOVQ R12, CX")
-	fmt.Fprintf(&b, "rows:\n")
-	k.load("(DI)", 8, false)
-	p("VFMADD231PS.BCST (SI), Z8, Z0")
-	p("VFMADD231PS.BCST (SI)(BX*1), Z8, Z1")
-	p("VFMADD231PS.BCST (SI)(BX*2), Z8, Z2")
-	p("VFMADD231PS.BCST (SI)(DX*1), Z8, Z3")
-	p("ADDQ $4, SI")
-	p("ADDQ R8, DI")
-	p("DECQ CX")
-	p("JNZ rows")
-	p("VMOVUPS Z0, (R9)")
-	p("VMOVUPS Z1, (R9)(R14*1)")
-	p("VMOVUPS Z2, (R9)(R14*2)")
-	p("VMOVUPS Z3, (R9)(AX*1)")
-	p("ADDQ $64, R9")
-	p("ADDQ $%d, R11", 16*k.width)
-	p("SUBQ $16, R13")
-	p("JNZ chunk")
-	p("VZEROUPPER")
-	p("RET")
-}
-
 // Tiled attention (attntile.go). A page's keys, transposed per tile of 16
 // slots (tileK), make a score a sum along lanes: for each of the d
 // elements one load of 16 slots' values and one broadcast FMA per query
@@ -1110,10 +1062,11 @@ func scoresTile(n int) {
 }
 
 // mixN: out_j[i] += Σ_t w_j[t]·v_t[i] for n ≤ 8 heads j, out_j at
-// out + j·d floats, w_j at w + j·ws bytes: mix4's loop with up to eight
-// heads' sums in registers, so each widened row chunk feeds n FMAs. The
-// arithmetic of each head is mix4's whatever n, so a GQA group mixes the
-// same split over tensor-parallel ranks as whole.
+// out + j·d floats, w_j at w + j·ws bytes: each 16-lane chunk of a row is
+// widened once for all n heads, their sums held in registers across the
+// rows. A head's arithmetic is the same whatever n, so a GQA group mixes
+// the same split over tensor-parallel ranks as whole. d is a positive
+// multiple of 16. (mix4 is n = 4, the four-head kernel of heads4.)
 func mixN(k vecKind, n int) {
 	fmt.Fprintf(&b, "\n// func mix%d%sAVX512(out *float32, w *float32, v unsafe.Pointer, n, d, stride, ws int)\n", n, k.name)
 	fmt.Fprintf(&b, "TEXT ·mix%d%sAVX512(SB), NOSPLIT, $0-56\n", n, k.name)
@@ -1179,7 +1132,7 @@ func vecMain() {
 	}
 	for _, k := range vecKinds {
 		scores4(k)
-		mix4(k)
+		mixN(k, 4)
 	}
 	for _, k := range vecKinds {
 		tileK(k)

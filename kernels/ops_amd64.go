@@ -8,9 +8,6 @@ import (
 )
 
 //go:noescape
-func softmaxAVX512(x *float32, n int)
-
-//go:noescape
 func softmaxOnlineAVX512(x *float32, n int, scale, m float32) (mx, sum float32)
 
 //go:noescape
@@ -19,9 +16,12 @@ func siluMulAVX512(out, gate, u *float32, n int)
 //go:noescape
 func scaleMulAVX512(out, x, w *float32, s float32, n int)
 
+// softmaxVec is one block of the online softmax over the whole row (the
+// maximum, then the exponentials and their sum), normalised by the sum.
 func softmaxVec(x []float32) {
 	if len(x) > 0 {
-		softmaxAVX512(&x[0], len(x))
+		_, sum := softmaxOnlineAVX512(&x[0], len(x), 1, float32(math.Inf(-1)))
+		scaleMulAVX512(&x[0], &x[0], nil, 1/sum, len(x))
 	}
 }
 
