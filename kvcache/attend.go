@@ -135,7 +135,7 @@ func (kv *Storage) AttendHeads(layer, lo, hi, kh0, kh1 int, q, out []float32, p 
 	}
 	a.qd, a.od = p.NHead*a.kd, p.NHead*a.vd
 	a.shifted = kv.shiftQueries(sc, pol, a.sq.id, q[:a.n*a.qd], a.qd)
-	a.score = kv.scorer(sc, ls.k, a.group, a.kd)
+	a.tp = kv.tiler(sc, ls.k, a.group, a.kd)
 	for kh := kh0; kh < kh1; kh++ {
 		sc.ktPage = -1
 		if sel != nil {
@@ -161,9 +161,9 @@ type attnCall struct {
 	q, out                 []float32
 	layer, n, group, total int
 	kd, vd, qd, od         int
-	shifted, rows          bool // rows: online keeps whole score rows
-	S                      int  // online block slots
-	score                  func(s []float32, ss int, q []float32, page, head, from, to int)
+	shifted, rows          bool       // rows: online keeps whole score rows
+	S                      int        // online block slots
+	tp                     tiledPages // nil: the pages score row by row
 }
 
 // qOf is query i's vectors of KV head kh's group in q (the queries or
@@ -401,29 +401,38 @@ func grow(s []float32, n int) []float32 {
 	return s[:n]
 }
 
-// scorer is how AttendHeads scores a page: through the tiled keys where
-// the pages tile and a GQA group shares them (one tiling per page and KV
-// head serves every query and head; a single head per KV head gains too
-// little over the row kernels to pay for it), else page by page. The
-// choice depends on the model's shape and the format only, never on the
-// queries in the call, so every query gets the same arithmetic in decode
-// and in any prefill chunk.
-func (kv *Storage) scorer(sc *attnScratch, k Pages, group, kd int) func(s []float32, ss int, q []float32, page, head, from, to int) {
+// tiler is how AttendHeads scores pages: through the tiled keys (the
+// pages returned) where the pages tile and a GQA group shares them (one
+// tiling per page and KV head serves every query and head; a single head
+// per KV head gains too little over the row kernels to pay for it), else
+// page by page (nil). The choice depends on the model's shape and the
+// format only, never on the queries in the call, so every query gets the
+// same arithmetic in decode and in any prefill chunk.
+func (kv *Storage) tiler(sc *attnScratch, k Pages, group, kd int) tiledPages {
 	tp, ok := k.(tiledPages)
 	if !ok || group < 2 || !tp.Tiles() {
-		return k.Scores
+		return nil
 	}
 	if n := 2 * kv.bs * kd; cap(sc.kt) < n {
 		sc.kt = make([]float32, n)
 	}
-	return func(s []float32, ss int, q []float32, page, head, from, to int) {
-		if page != sc.ktPage {
-			n := kv.bs * kd
-			tp.TileK(sc.kt[:n], sc.kt[n:2*n], page, head)
-			sc.ktPage = page
-		}
-		kv.ops.AttnScoresTile(s, ss, q, kd, sc.kt[:kv.bs*kd], from, to)
+	return tp
+}
+
+// score sets dst[j·ss+t-from] = q_j·k_t for slots [from, to) of page, KV
+// head head: from the page's tiled keys (tiled once per page and head,
+// kept in sc.kt) or the page's own kernel.
+func (a *attnCall) score(dst []float32, ss int, q []float32, page, head, from, to int) {
+	if a.tp == nil {
+		a.k.Scores(dst, ss, q, page, head, from, to)
+		return
 	}
+	sc, n := a.sc, a.kv.bs*a.kd
+	if page != sc.ktPage {
+		a.tp.TileK(sc.kt[:n], sc.kt[n:2*n], page, head)
+		sc.ktPage = page
+	}
+	a.kv.ops.AttnScoresTile(dst, ss, q, a.kd, sc.kt[:n], from, to)
 }
 
 // clip fills sc with the spans of rows [lo, hi) that group gi's policy
