@@ -67,6 +67,24 @@ func tpEngine(t *testing.T, path string, addrs []string, blocks int) (*engine.En
 	return eng, g
 }
 
+// wholeEngine starts the single-process engine of whole, the reference
+// the groups are held to, with blocks KV blocks of bs positions (0: the
+// default); the caller stops it.
+func wholeEngine(t *testing.T, whole *model.Model, blocks, bs int) *engine.Engine {
+	t.Helper()
+	wcfg := engine.ModelConfig(whole, "whole")
+	wcfg.KVBlocks = blocks
+	if bs > 0 {
+		wcfg.BlockSize = bs
+	}
+	ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref.Start()
+	return ref
+}
+
 // againstWhole generates greedily from the single-process engine of path
 // (one prompt at a time) and from eng (the prompts concurrently, so they
 // batch), and returns the prompts with both results.
@@ -77,13 +95,7 @@ func againstWhole(t *testing.T, path string, eng *engine.Engine) (prompts []stri
 		t.Fatal(err)
 	}
 	defer whole.Close()
-	wcfg := engine.ModelConfig(whole, "whole")
-	wcfg.KVBlocks = 64
-	ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref.Start()
+	ref := wholeEngine(t, whole, 64, 0)
 	defer ref.Stop(context.Background())
 	tok := whole.Tokenizer()
 	prompts = []string{"Once upon a time", "The little dog ran to the park and", "Lily"}

@@ -134,13 +134,7 @@ func TestPipelineInFlight(t *testing.T) {
 				t.Fatal(err)
 			}
 			defer whole.Close()
-			wcfg := engine.ModelConfig(whole, "whole")
-			wcfg.KVBlocks = 96
-			ref, err := engine.New(whole, whole.Tokenizer(), wcfg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			ref.Start()
+			ref := wholeEngine(t, whole, 96, 0)
 			defer ref.Stop(context.Background())
 			want := completions(t, ref, whole.Tokenizer(), 2, 20)
 
@@ -216,13 +210,7 @@ func TestPipelineInFlightCancel(t *testing.T) {
 	if st.MaxInFlight < 2 {
 		t.Errorf("at most %d step in flight", st.MaxInFlight)
 	}
-	wcfg := engine.ModelConfig(whole, "whole")
-	wcfg.KVBlocks = 96
-	ref, err := engine.New(whole, tok, wcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref.Start()
+	ref := wholeEngine(t, whole, 96, 0)
 	defer ref.Stop(context.Background())
 	want := completions(t, ref, tok, 1, 16)
 	got := completions(t, eng, tok, 1, 16)
@@ -386,13 +374,7 @@ func TestPipelineInFlightRequestPolicies(t *testing.T) {
 		wg.Wait()
 		return out
 	}
-	wcfg := engine.ModelConfig(whole, "whole")
-	wcfg.KVBlocks, wcfg.BlockSize = 256, 4
-	ref, err := engine.New(whole, tok, wcfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ref.Start()
+	ref := wholeEngine(t, whole, 256, 4)
 	want := run(ref)
 	ref.Stop(context.Background())
 
