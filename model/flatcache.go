@@ -2,6 +2,8 @@ package model
 
 import (
 	"fmt"
+	"math"
+	"sync"
 
 	"pagoda/kernels"
 )
@@ -15,6 +17,12 @@ type FlatCache struct {
 	k, v                      []float32 // [seq][layer][pos][kvd]; v nil when K serves as V (MLA)
 	rows                      []flatRow // the batch Begin prepared
 	ops                       *kernels.Ops
+	scratch                   sync.Pool // *flatScratch, one per concurrent Attend
+}
+
+// flatScratch is one tiled Attend call's working memory.
+type flatScratch struct {
+	kt, s, m, l []float32
 }
 
 type flatRow struct{ seq, pos int32 }
@@ -37,7 +45,9 @@ func newFlatCache(c *Config, seqs, maxLen int, ops *kernels.Ops) *FlatCache {
 	nkv, kd, vd := c.KVShape()
 	kvd := nkv * kd
 	n := seqs * c.NLayer * maxLen * kvd
-	f := &FlatCache{nLayer: c.NLayer, kvd: kvd, maxLen: maxLen, seqs: seqs, k: make([]float32, n), ops: ops}
+	// K has a tile of slack at the end: the tiled scores transpose whole
+	// tiles of 16 positions, past maxLen on the last sequence's last layer.
+	f := &FlatCache{nLayer: c.NLayer, kvd: kvd, maxLen: maxLen, seqs: seqs, k: make([]float32, n+kernels.TileSlots*kvd), ops: ops}
 	if vd > 0 {
 		f.v = make([]float32, n)
 	}
@@ -75,9 +85,18 @@ func (f *FlatCache) Store(layer, row int, k, v []float32) {
 	}
 }
 
-// Attend implements KVCache, one query at a time: the positions a query
-// sees are contiguous, so each head is one strided-row kernel call.
+// Attend implements KVCache. Where the kernels tile keys and a GQA group
+// shares them, it is attention in blocks with an online softmax, each
+// block's keys tiled once for every query of a sequence in the call and
+// every head of the group (attendTiled); otherwise one query at a time:
+// the positions a query sees are contiguous, so each head is one
+// strided-row kernel call. The choice depends on the model's shape only,
+// so a query gets the same arithmetic alone and in any chunk.
 func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
+	if f.tiles(p) {
+		f.attendTiled(layer, lo, hi, q, out, p)
+		return
+	}
 	hd := p.HeadDim
 	group := p.NHead / p.NKVHead
 	qd := p.NHead * hd
@@ -107,6 +126,112 @@ func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 			f.ops.AttnMixF32(oh, s, vs[base+kh:end+kh+hd], f.kvd)
 		}
 	}
+}
+
+// tiles reports whether attention over p's heads runs tiled: as in the
+// paged cache, a single head per KV head gains too little to pay for the
+// tiling.
+func (f *FlatCache) tiles(p AttnParams) bool {
+	return f.ops.Tiled() && p.NHead >= 2*p.NKVHead && p.HeadDim%16 == 0 && p.NKVHead*p.HeadDim == f.kvd
+}
+
+// flatBlock is how many positions a block of attendTiled spans: its
+// scores stay in cache between scoring and mixing. Blocks start at
+// multiples of it, so a query's blocks are the same in every call.
+const flatBlock = 128
+
+// attendTiled is Attend over rows [lo, hi) in runs of one sequence each.
+func (f *FlatCache) attendTiled(layer, lo, hi int, q, out []float32, p AttnParams) {
+	sc, _ := f.scratch.Get().(*flatScratch)
+	if sc == nil {
+		sc = new(flatScratch)
+	}
+	defer f.scratch.Put(sc)
+	sc.kt, sc.s = grow(sc.kt, flatBlock*p.HeadDim), grow(sc.s, p.NHead/p.NKVHead*flatBlock)
+	qd := p.NHead * p.HeadDim
+	for r0 := lo; r0 < hi; {
+		r1 := r0 + 1
+		for r1 < hi && f.rows[r1].seq == f.rows[r0].seq {
+			r1++
+		}
+		for kh := 0; kh < p.NKVHead; kh++ {
+			f.attendRun(sc, layer, kh, f.rows[r0:r1], q[(r0-lo)*qd:], out[(r0-lo)*qd:], p)
+		}
+		r0 = r1
+	}
+}
+
+// visible is the positions [start, pos] row r sees under p's window.
+func visible(r flatRow, window int) (start, end int) {
+	end = int(r.pos) + 1
+	if window > 0 && end > window {
+		start = end - window
+	}
+	return start, end
+}
+
+// attendRun is KV head kh's attention for rows of one sequence (q and
+// out from the first row's): block by block of positions, the block's
+// keys are tiled once, then each query scores the part it sees, folds it
+// into its running softmax and mixes the values.
+func (f *FlatCache) attendRun(sc *flatScratch, layer, kh int, rows []flatRow, q, out []float32, p AttnParams) {
+	hd, g := p.HeadDim, p.NHead/p.NKVHead
+	qd, gd := p.NHead*hd, g*hd
+	base := f.off(layer, rows[0].seq, 0) + kh*hd
+	vs := f.v
+	if vs == nil {
+		vs = f.k
+	}
+	sc.m, sc.l = grow(sc.m, len(rows)*g), grow(sc.l, len(rows)*g)
+	first, last := math.MaxInt, 0
+	for i, r := range rows {
+		s, e := visible(r, p.Window)
+		first, last = min(first, s), max(last, e)
+		clear(out[i*qd+kh*gd : i*qd+(kh+1)*gd])
+		for j := range g {
+			sc.m[i*g+j], sc.l[i*g+j] = float32(math.Inf(-1)), 0
+		}
+	}
+	for b0 := first / flatBlock * flatBlock; b0 < last; b0 += flatBlock {
+		t0 := max(b0, first) / kernels.TileSlots * kernels.TileSlots
+		n := (min(b0+flatBlock, last) - t0 + kernels.TileSlots - 1) / kernels.TileSlots * kernels.TileSlots
+		f.ops.TileKF32(sc.kt, f.k[base+t0*f.kvd:], f.kvd, hd, n)
+		for i, r := range rows {
+			s, e := visible(r, p.Window)
+			from, to := max(s, b0), min(e, b0+flatBlock)
+			if to > from {
+				f.block(sc, i*g, q[i*qd+kh*gd:i*qd+(kh+1)*gd], out[i*qd+kh*gd:i*qd+(kh+1)*gd], vs[base+from*f.kvd:], from-t0, to-t0, p)
+			}
+		}
+	}
+	for i := range rows {
+		o := out[i*qd+kh*gd : i*qd+(kh+1)*gd]
+		for j := range g {
+			if l := sc.l[i*g+j]; l > 0 {
+				f.ops.ScaleF32(o[j*hd:(j+1)*hd], 1/l)
+			}
+		}
+	}
+}
+
+// block folds slots [from, to) of the tiled keys into one query's running
+// softmax (its heads' maxima and sums at sc.m[r:], sc.l[r:]) and adds
+// their weighted values v (rows kvd apart, from slot from on) to o.
+func (f *FlatCache) block(sc *flatScratch, r int, q, o, v []float32, from, to int, p AttnParams) {
+	hd, n := p.HeadDim, to-from
+	g := len(q) / hd
+	f.ops.AttnScoresTile(sc.s, flatBlock, q, hd, sc.kt, from, to)
+	for j := range g {
+		m := sc.m[r+j]
+		mx, sum := f.ops.SoftmaxOnline(sc.s[j*flatBlock:j*flatBlock+n], p.Scale, m)
+		if mx != m && sc.l[r+j] > 0 {
+			alpha := float32(math.Exp(float64(m - mx)))
+			f.ops.ScaleF32(o[j*hd:(j+1)*hd], alpha)
+			sc.l[r+j] *= alpha
+		}
+		sc.m[r+j], sc.l[r+j] = mx, sc.l[r+j]+sum
+	}
+	f.ops.AttnMixHeadsF32(o, hd, sc.s, flatBlock, v, f.kvd, n)
 }
 
 // ParallelAttend reports that Attend may run concurrently for different
