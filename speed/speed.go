@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"runtime"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -85,11 +86,52 @@ type Result struct {
 	// prefill or batched decode reaches.
 	MACsPerToken float64 `json:"macs_per_token,omitempty"`
 	Int8Peak     float64 `json:"int8_peak_macs_per_s,omitempty"`
+	// PairedReadGBps and PairedInt8Peak are the probes run right after
+	// each repetition (RunPaired), one per sample: on a machine whose
+	// load changes from second to second, the shares are then medians of
+	// each repetition's ratio to its own probe, not ratios of figures
+	// measured minutes apart.
+	PairedReadGBps []float64 `json:"paired_read_bw_gb_per_s,omitempty"`
+	PairedInt8Peak []float64 `json:"paired_int8_peak_macs_per_s,omitempty"`
+}
+
+// BWShare is the share of the read bandwidth r's decode streams its
+// weights at (0 when unknown): the median of the paired ratios where
+// probes were paired, else against the run's probe.
+func (r *Result) BWShare() float64 {
+	if r.GBps <= 0 {
+		return 0
+	}
+	if len(r.PairedReadGBps) == len(r.Samples) && len(r.Samples) > 0 {
+		per := r.BytesPerToken / float64(max(r.Seqs, 1)) / 1e9
+		return pairedMedian(r.Samples, r.PairedReadGBps, per)
+	}
+	if r.ReadGBps <= 0 {
+		return 0
+	}
+	return r.GBps / r.ReadGBps
+}
+
+// pairedMedian is the median over i of f·samples[i]/probe[i].
+func pairedMedian(samples, probe []float64, f float64) float64 {
+	q := make([]float64, 0, len(samples))
+	for i, s := range samples {
+		if probe[i] > 0 {
+			q = append(q, f*s/probe[i])
+		}
+	}
+	if len(q) == 0 {
+		return 0
+	}
+	return median(q)
 }
 
 // PeakShare is the share of the int8 compute limit r reaches (0 when
 // either is unknown).
 func (r *Result) PeakShare() float64 {
+	if r.MACsPerToken > 0 && len(r.PairedInt8Peak) == len(r.Samples) && len(r.Samples) > 0 {
+		return pairedMedian(r.Samples, r.PairedInt8Peak, r.MACsPerToken)
+	}
 	if r.Int8Peak <= 0 || r.MACsPerToken <= 0 {
 		return 0
 	}
@@ -104,6 +146,17 @@ func Run(m *model.Model, t Test, reps, batch int) (*Result, error) {
 // RunCache is Run on the KV caches newCache makes for n positions (nil:
 // the model's flat f32 cache).
 func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (model.KVCache, error)) (*Result, error) {
+	return RunPaired(m, t, reps, batch, newCache, nil)
+}
+
+// Probe measures the machine's limits between repetitions: the read
+// bandwidth in GB/s (0: not measured) and the int8 multiply-add rate (0:
+// not measured).
+type Probe func() (gbps, macps float64, err error)
+
+// RunPaired is RunCache with probe (nil: none) run right after each
+// timed repetition, its figures kept beside the samples.
+func RunPaired(m *model.Model, t Test, reps, batch int, newCache func(n int) (model.KVCache, error), probe Probe) (*Result, error) {
 	c := &m.Config
 	if t.Depth < 0 || t.N+t.Depth > c.ContextLen {
 		return nil, fmt.Errorf("speed: %s exceeds the context of %d", t, c.ContextLen)
@@ -122,11 +175,26 @@ func RunCache(m *model.Model, t Test, reps, batch int, newCache func(n int) (mod
 		}
 		return executor.NewLocal(m, cache), nil
 	}
-	samples, expertBytes, err := measure(t, reps, batch, c.VocabSize, newExec, m.ExpertBytesRead)
+	var bws, pks []float64
+	between := func() error {
+		if probe == nil {
+			return nil
+		}
+		bw, pk, err := probe()
+		bws, pks = append(bws, bw), append(pks, pk)
+		return err
+	}
+	samples, expertBytes, err := measure(t, reps, batch, c.VocabSize, newExec, m.ExpertBytesRead, between)
 	if err != nil {
 		return nil, err
 	}
 	r := &Result{Threads: m.Pool().Threads(), Params: c.Params(), MACsPerToken: float64(macsPerToken(m))}
+	if slices.ContainsFunc(bws, func(x float64) bool { return x > 0 }) {
+		r.PairedReadGBps = bws
+	}
+	if slices.ContainsFunc(pks, func(x float64) bool { return x > 0 }) {
+		r.PairedInt8Peak = pks
+	}
 	r.SizeBytes, r.Quant = weightBytes(m)
 	r.fill(t, batch, samples)
 	if t.Kind == "tg" {
@@ -164,7 +232,7 @@ func RunExecutor(info Info, t Test, reps, batch int, newExec func(n, seqs int) (
 	if t.Depth < 0 || t.N+t.Depth > info.Context {
 		return nil, fmt.Errorf("speed: %s exceeds the context of %d", t, info.Context)
 	}
-	samples, _, err := measure(t, reps, batch, info.Vocab, newExec, func() uint64 { return 0 })
+	samples, _, err := measure(t, reps, batch, info.Vocab, newExec, func() uint64 { return 0 }, func() error { return nil })
 	if err != nil {
 		return nil, err
 	}
@@ -193,9 +261,9 @@ func (r *Result) fill(t Test, batch int, samples []float64) {
 }
 
 // measure times t reps times after a warm-up, each run on a fresh
-// executor; expert counts what probe (the model's routed-expert counter)
-// moved during the timed runs.
-func measure(t Test, reps, batch, vocab int, newExec func(n, seqs int) (executor.Executor, error), probe func() uint64) ([]float64, uint64, error) {
+// executor, calling between after each timed run; expert counts what
+// probe (the model's routed-expert counter) moved during the timed runs.
+func measure(t Test, reps, batch, vocab int, newExec func(n, seqs int) (executor.Executor, error), probe func() uint64, between func() error) ([]float64, uint64, error) {
 	if t.N <= 0 || reps <= 0 {
 		return nil, 0, fmt.Errorf("speed: %s: N and repetitions must be positive", t)
 	}
@@ -281,6 +349,9 @@ func measure(t Test, reps, batch, vocab int, newExec func(n, seqs int) (executor
 			return nil, 0, err
 		}
 		samples = append(samples, float64(t.N*seqs)/d.Seconds())
+		if err := between(); err != nil {
+			return nil, 0, err
+		}
 	}
 	return samples, expertBytes, nil
 }
@@ -419,8 +490,8 @@ func PrintTable(w io.Writer, rs []*Result, bw *Bandwidth, pk *Int8Peak) {
 		gb, frac, per, peak := "", "", "", ""
 		if r.GBps > 0 {
 			gb = fmt.Sprintf("%.1f", r.GBps)
-			if r.ReadGBps > 0 {
-				frac = fmt.Sprintf("%.0f%%", 100*r.GBps/r.ReadGBps)
+			if s := r.BWShare(); s > 0 {
+				frac = fmt.Sprintf("%.0f%%", 100*s)
 			}
 		}
 		if r.PerSeq > 0 {
@@ -437,6 +508,9 @@ func PrintTable(w io.Writer, rs []*Result, bw *Bandwidth, pk *Int8Peak) {
 	}
 	if pk != nil {
 		fmt.Fprintf(w, "int8 peak %.1f G multiply-adds/s best, %.1f median (%d threads, VPDPBUSD alone)\n", pk.MACps/1e9, pk.Median/1e9, pk.Threads)
+	}
+	if slices.ContainsFunc(rs, func(r *Result) bool { return len(r.PairedReadGBps)+len(r.PairedInt8Peak) > 0 }) {
+		fmt.Fprintln(w, "shares: the median over repetitions of each one's ratio to the probe run right after it")
 	}
 	if len(rs) > 0 {
 		fmt.Fprintf(w, "\ncommit %s, %s, %s\n", rs[0].Commit, rs[0].CPU, rs[0].GoVersion)

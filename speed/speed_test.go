@@ -1,6 +1,9 @@
 package speed
 
 import (
+	"errors"
+	"math"
+	"sort"
 	"testing"
 	"time"
 
@@ -100,5 +103,54 @@ func TestInt8Share(t *testing.T) {
 	r.Int8Peak = pk.MACps
 	if got, want := r.PeakShare(), r.Mean*r.MACsPerToken/pk.MACps; got != want || got <= 0 {
 		t.Errorf("share %v, want %v", got, want)
+	}
+}
+
+// TestPairedShares: with a probe after every repetition, each repetition
+// is divided by its own probe and the share is the median of those
+// ratios, for decode against the read bandwidth and for prefill against
+// the int8 peak.
+func TestPairedShares(t *testing.T) {
+	path, err := embedded.Path(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path, model.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	calls := 0
+	probe := func() (float64, float64, error) {
+		calls++
+		return float64(calls), 1e9 * float64(calls), nil
+	}
+	r, err := RunPaired(m, Test{Kind: "tg", N: 8}, 3, 0, nil, probe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if calls != 3 || len(r.PairedReadGBps) != 3 || r.PairedReadGBps[2] != 3 {
+		t.Fatalf("%d probes, paired %v", calls, r.PairedReadGBps)
+	}
+	var bw, pk []float64
+	for i, s := range r.Samples {
+		bw = append(bw, s*r.BytesPerToken/1e9/float64(i+1))
+		pk = append(pk, s*r.MACsPerToken/(1e9*float64(i+1)))
+	}
+	sort.Float64s(bw)
+	sort.Float64s(pk)
+	if got := r.BWShare(); math.Abs(got-bw[1]) > 1e-12*bw[1] {
+		t.Errorf("bandwidth share %v, want the median ratio %v of %v", got, bw[1], bw)
+	}
+	if got := r.PeakShare(); math.Abs(got-pk[1]) > 1e-12*pk[1] {
+		t.Errorf("peak share %v, want the median ratio %v of %v", got, pk[1], pk)
+	}
+	// Without pairs the run's probe is the divisor.
+	r.PairedReadGBps, r.ReadGBps = nil, 2
+	if got, want := r.BWShare(), r.GBps/2; got != want {
+		t.Errorf("unpaired share %v, want %v", got, want)
+	}
+	if _, err := RunPaired(m, Test{Kind: "pp", N: 8}, 2, 0, nil, func() (float64, float64, error) { return 0, 0, errors.New("probe broke") }); err == nil {
+		t.Error("a failing probe went unreported")
 	}
 }

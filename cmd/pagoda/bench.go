@@ -49,6 +49,7 @@ func runBench(args []string) error {
 	seqs := fs.String("s", "1", "sequences decoded together in tg, comma separated (batched decode, as a loaded server runs it)")
 	bwMiB := fs.Int("bw", 512, "MiB streamed by the read-bandwidth probe reported next to tg (0 = skip)")
 	peakMs := fs.Int("peak", 200, "milliseconds a repetition of the int8 compute probe runs, reported next to each test as the share of the limit its weight products reach (0 = skip)")
+	paired := fs.Bool("paired", true, "also run the probes (-bw for tg, -peak) once right after every repetition and give each test's shares as the median of the repetitions' ratios to them: steadier where other processes share the cores")
 	jsonOut := fs.Bool("json", false, "JSON output")
 	cpuProfile := fs.String("cpuprofile", "", "write a CPU profile of the measured runs to this file")
 	depth := fs.Int("d", 0, "tokens already in the KV cache before each test (filled untimed, like llama-bench -d)")
@@ -126,7 +127,11 @@ func runBench(args []string) error {
 	}
 	var rs []*speed.Result
 	for _, t := range tests {
-		r, err := speed.RunCache(m, t, *reps, *batch, newCache)
+		var probe speed.Probe
+		if *paired {
+			probe = pairedProbe(m, t, *bwMiB, *peakMs)
+		}
+		r, err := speed.RunPaired(m, t, *reps, *batch, newCache, probe)
 		if err != nil {
 			return err
 		}
@@ -155,6 +160,32 @@ func runBench(args []string) error {
 		return err
 	}
 	return printBench(rs, bw, pk, *jsonOut)
+}
+
+// pairedProbe is the probe run after each repetition of t: one pass of
+// the read-bandwidth probe for a decode test, one repetition of the int8
+// probe for any; nil when both are off.
+func pairedProbe(m *model.Model, t speed.Test, bwMiB, peakMs int) speed.Probe {
+	if bwMiB == 0 && peakMs == 0 {
+		return nil
+	}
+	return func() (gbps, macps float64, err error) {
+		if bwMiB > 0 && t.Kind == "tg" {
+			bw, err := speed.ReadBandwidth(m.Pool(), m.Ops(), int64(bwMiB)<<20, 1)
+			if err != nil {
+				return 0, 0, err
+			}
+			gbps = bw.GBps
+		}
+		if peakMs > 0 {
+			// Where the instruction set has no probe the shares fall
+			// back to the run's probe, which says so.
+			if pk, err := speed.MeasureInt8Peak(m.Pool(), m.Ops(), time.Duration(peakMs)*time.Millisecond, 1); err == nil {
+				macps = pk.MACps
+			}
+		}
+		return gbps, macps, nil
+	}
 }
 
 // probePeak measures the int8 compute limit (ms per repetition; 0 skips)
