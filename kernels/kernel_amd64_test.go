@@ -19,7 +19,7 @@ func BenchmarkGemmKernel(b *testing.B) {
 	}
 	r := rand.New(rand.NewPCG(1, 2))
 	const cols = 2048
-	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.Q6_K, quant.Q5_0} {
+	for _, typ := range []quant.Type{quant.Q8_0, quant.Q4_0, quant.Q4_K, quant.Q5_K, quant.Q6_K, quant.Q5_0} {
 		m, _ := randMatrix(b, r, typ, 16, cols)
 		pk := m.packedFor(false)
 		fns := map[packKind]*[9]gemmKernel{packQ8C: &gemmQ8CFns, packQ4C: &gemmQ4CFns, packSM16: &gemmSM16_Fns, packQ4SM: &gemmQ4SMFns, packQ8S16: &gemmQ8S16_Fns, packQ4K: &gemmQ4KFns, packQ6K: &gemmQ6KFns, packQ5C: &gemmQ5CFns, packQ5K: &gemmQ5KFns}[pk.kind]
