@@ -733,7 +733,6 @@ func q45kScaled(name string, n int, plane bool) {
 	p("RET")
 }
 
-
 func q45k(name string, n int, plane bool) {
 	blockBytes, scOff := 288, 256
 	if plane {
