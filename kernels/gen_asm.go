@@ -632,9 +632,10 @@ func mix(k vecKind) {
 // Registers: Z0..Z3 one half-block's nibbles (the high half re-read and
 // shifted from memory, so four suffice), Z8.. integer sums, Z16.. the
 // accumulators, a in Z4..Z7, Z25, Z26, Z27, Z31 (the nibble mask comes
-// from memory), Z24 S, Z28 M, Z29 d, Z30 dmin. One row of activations
-// (decode) saves one operation a block, less than the re-read costs: it
-// keeps q45k's form.
+// from memory), Z24 S, Z28 M, Z29 d, Z30 dmin. Every row count takes this
+// form, one row (decode) too: a row's arithmetic must not depend on how
+// many rows share the call, or a prefill would differ from the same
+// tokens decoded one by one.
 func q4k(name string, n int) { q45kScaled(name, n, false) }
 
 // q5k: Q5_K as q4k plus a 64-byte fifth-bit plane after each block's
@@ -644,10 +645,6 @@ func q4k(name string, n int) { q45kScaled(name, n, false) }
 func q5k(name string, n int) { q45kScaled(name, n, true) }
 
 func q45kScaled(name string, n int, plane bool) {
-	if n == 1 {
-		q45k(name, n, plane)
-		return
-	}
 	blockBytes, scOff := 288, 256
 	if plane {
 		blockBytes, scOff = 352, 320
@@ -724,89 +721,6 @@ func q45kScaled(name string, n int, plane bool) {
 	for i := 0; i < n; i++ {
 		p("VFMADD231PS.BCST %d(DX), Z%d, Z%d", 8*i-8*n, ua[i], 16+i)
 	}
-	p("DECQ CX")
-	p("JNZ super")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
-	p("VZEROUPPER")
-	p("RET")
-}
-
-func q45k(name string, n int, plane bool) {
-	blockBytes, scOff := 288, 256
-	if plane {
-		blockBytes, scOff = 352, 320
-	}
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
-	p("MOVQ w+0(FP), DI")
-	p("MOVQ x+8(FP), SI")
-	p("MOVQ st+16(FP), DX")
-	p("MOVQ out+24(FP), R9")
-	p("MOVQ nb+32(FP), CX")
-	for i := 0; i < n; i++ {
-		p("VPXORD Z%d, Z%d, Z%d", 16+i, 16+i, 16+i)
-	}
-	p("MOVL $0x0f0f0f0f, AX")
-	p("VPBROADCASTD AX, Z27")
-	if plane {
-		p("MOVL $0x10101010, AX")
-		p("VPBROADCASTD AX, Z26")
-	}
-	fmt.Fprintf(&b, "super:\n")
-	p("VCVTPH2PS (DI), Z29")
-	p("VCVTPH2PS 32(DI), Z30")
-	p("ADDQ $64, DI")
-	p("MOVQ $8, R10")
-	fmt.Fprintf(&b, "loop:\n")
-	prefetch(blockBytes)
-	for k := 0; k < 4; k++ {
-		p("VMOVDQU8 %d(DI), Z%d", 64*k, k+4)
-		p("VPANDD Z27, Z%d, Z%d", k+4, k)
-		p("VPSRLW $4, Z%d, Z%d", k+4, k+4)
-		p("VPANDD Z27, Z%d, Z%d", k+4, k+4)
-	}
-	if plane {
-		p("VMOVDQU8 256(DI), Z28")
-		for k := 0; k < 8; k++ {
-			switch {
-			case k < 4:
-				p("VPSLLW $%d, Z28, Z31", 4-k)
-				p("VPTERNLOGD $0xf8, Z26, Z31, Z%d", k)
-			case k == 4:
-				p("VPTERNLOGD $0xf8, Z26, Z28, Z%d", k)
-			default:
-				p("VPSRLW $%d, Z28, Z31", k-4)
-				p("VPTERNLOGD $0xf8, Z26, Z31, Z%d", k)
-			}
-		}
-	}
-	p("VPMOVZXBD %d(DI), Z24", scOff)
-	p("VCVTDQ2PS Z24, Z24")
-	p("VMULPS Z29, Z24, Z24")
-	p("VPMOVZXBD %d(DI), Z28", scOff+16)
-	p("VCVTDQ2PS Z28, Z28")
-	p("VMULPS Z30, Z28, Z28")
-	for i := 0; i < n; i++ {
-		p("VPXORD Z%d, Z%d, Z%d", 8+i, 8+i, 8+i)
-	}
-	for k := 0; k < 8; k++ {
-		for i := 0; i < n; i++ {
-			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 32*i+4*k, k, 8+i)
-		}
-	}
-	for i := 0; i < n; i++ {
-		p("VCVTDQ2PS Z%d, Z%d", 8+i, 8+i)
-		p("VMULPS.BCST %d(DX), Z%d, Z%d", 8*i, 8+i, 8+i)
-		p("VFMADD231PS Z%d, Z24, Z%d", 8+i, 16+i)
-		p("VFNMADD231PS.BCST %d(DX), Z28, Z%d", 8*i+4, 16+i)
-	}
-	p("ADDQ $%d, DI", blockBytes)
-	p("ADDQ $%d, SI", 32*n)
-	p("ADDQ $%d, DX", 8*n)
-	p("DECQ R10")
-	p("JNZ loop")
 	p("DECQ CX")
 	p("JNZ super")
 	for i := 0; i < n; i++ {

@@ -324,3 +324,31 @@ func TestMatMulConcurrent(t *testing.T) {
 		}
 	}
 }
+
+// TestMatMulBatchInvariant: a row of activations gets the same bits
+// whatever the batch around it (alone, or anywhere in tiles of 8 and a
+// partial one), for every weight type on every instruction set. Prefill
+// and decode, and a speculative step's verification rows, rely on it.
+func TestMatMulBatchInvariant(t *testing.T) { forEachISA(t, testMatMulBatchInvariant) }
+
+func testMatMulBatchInvariant(t *testing.T, o *Ops) {
+	r := rand.New(rand.NewPCG(11, 12))
+	pool := NewPool(2)
+	defer pool.Close()
+	const rows, cols, batch = 33, 512, 19
+	for _, typ := range matTypes {
+		m, _ := randMatrix(t, r, typ, rows, cols)
+		x := randF32(r, batch*cols)
+		all := make([]float32, batch*rows)
+		o.MatMul(pool, m, x, all, batch)
+		one := make([]float32, rows)
+		for b := 0; b < batch; b++ {
+			o.MatMul(pool, m, x[b*cols:(b+1)*cols], one, 1)
+			for i := range one {
+				if math.Float32bits(one[i]) != math.Float32bits(all[b*rows+i]) {
+					t.Fatalf("%s: row %d of %d, output %d: %g alone, %g in the batch", typ, b, batch, i, one[i], all[b*rows+i])
+				}
+			}
+		}
+	}
+}
