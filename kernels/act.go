@@ -68,6 +68,9 @@ func quantizeActs(p *Pool, pk *packed, x []float32, batch, cols int, a *actBuf, 
 						}
 						dx := rd[j/16]
 						c := pk.k * dx * float32(sum)
+						if pk.nodx {
+							c = pk.k * float32(sum)
+						}
 						st[(b*nt+n)*2] = dx
 						st[(b*nt+n)*2+1] = c
 					}

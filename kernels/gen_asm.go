@@ -650,6 +650,9 @@ func q45kScaled(name string, n int, plane bool) {
 		blockBytes, scOff = 352, 320
 	}
 	ua := []int{4, 5, 6, 7, 25, 26, 27, 31}
+	if n <= fewRows {
+		ua = []int{20, 21, 22, 23}
+	}
 	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb int)\n", name, n)
 	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
 	p("MOVQ w+0(FP), DI")
@@ -673,33 +676,10 @@ func q45kScaled(name string, n int, plane bool) {
 	for i := 0; i < n; i++ {
 		p("VPXORD Z%d, Z%d, Z%d", 8+i, 8+i, 8+i)
 	}
-	for k := 0; k < 8; k++ {
-		if k%4 == 0 {
-			for j := 0; j < 4; j++ {
-				if k == 0 {
-					p("VMOVDQU8 %d(DI), Z%d", 64*j, j)
-				} else {
-					p("VPSRLW $4, %d(DI), Z%d", 64*j, j)
-				}
-				p("VPANDD.BCST nibmask<>(SB), Z%d, Z%d", j, j)
-				if !plane {
-					continue
-				}
-				// value |= fifth bit of column 4·(k+j)… moved to bit 4
-				switch sh := k + j - 4; {
-				case sh < 0:
-					p("VPSLLW $%d, 256(DI), Z24", -sh)
-				case sh == 0:
-					p("VMOVDQU8 256(DI), Z24")
-				default:
-					p("VPSRLW $%d, 256(DI), Z24", sh)
-				}
-				p("VPTERNLOGD.BCST $0xf8, bit4mask<>(SB), Z24, Z%d", j)
-			}
-		}
-		for i := 0; i < n; i++ {
-			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 32*i+4*k, k%4, 8+i)
-		}
+	if n <= fewRows {
+		q45kProductsFew(n, plane)
+	} else {
+		q45kProducts(n, plane)
 	}
 	p("VPMOVZXBD %d(DI), Z24", scOff)
 	p("VCVTDQ2PS Z24, Z24")
@@ -730,12 +710,101 @@ func q45kScaled(name string, n int, plane bool) {
 	p("RET")
 }
 
+// fewRows is the most rows of activations for which the K-quant kernels
+// keep a block's weights in registers (the arithmetic is the same either
+// way: only where the values live changes, so every row count gives a
+// row the same bits); above it the registers hold the sums.
+const fewRows = 4
+
+// q45kProducts builds a block's values half by half in Z0..Z3 (the high
+// nibbles re-read and shifted from L1, the fifth-bit plane shifted into
+// Z24) and runs its products into Z8...
+func q45kProducts(n int, plane bool) {
+	for k := 0; k < 8; k++ {
+		if k%4 == 0 {
+			for j := 0; j < 4; j++ {
+				if k == 0 {
+					p("VMOVDQU8 %d(DI), Z%d", 64*j, j)
+				} else {
+					p("VPSRLW $4, %d(DI), Z%d", 64*j, j)
+				}
+				p("VPANDD.BCST nibmask<>(SB), Z%d, Z%d", j, j)
+				if !plane {
+					continue
+				}
+				// value |= fifth bit of column 4·(k+j)… moved to bit 4
+				switch sh := k + j - 4; {
+				case sh < 0:
+					p("VPSLLW $%d, 256(DI), Z24", -sh)
+				case sh == 0:
+					p("VMOVDQU8 256(DI), Z24")
+				default:
+					p("VPSRLW $%d, 256(DI), Z24", sh)
+				}
+				p("VPTERNLOGD.BCST $0xf8, bit4mask<>(SB), Z24, Z%d", j)
+			}
+		}
+		for i := 0; i < n; i++ {
+			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 32*i+4*k, k%4, 8+i)
+		}
+	}
+}
+
+// q45kProductsFew is q45kProducts with the block's eight values in
+// Z0..Z7 at once, from registers: fewer loads where few rows share them.
+func q45kProductsFew(n int, plane bool) {
+	for k := 0; k < 4; k++ {
+		p("VMOVDQU8 %d(DI), Z%d", 64*k, k+4)
+		p("VPANDD.BCST nibmask<>(SB), Z%d, Z%d", k+4, k)
+		p("VPSRLW $4, Z%d, Z%d", k+4, k+4)
+		p("VPANDD.BCST nibmask<>(SB), Z%d, Z%d", k+4, k+4)
+	}
+	if plane {
+		p("VMOVDQU8 256(DI), Z28")
+		for k := 0; k < 8; k++ {
+			src := 31
+			switch sh := k - 4; {
+			case sh < 0:
+				p("VPSLLW $%d, Z28, Z31", -sh)
+			case sh == 0:
+				src = 28
+			default:
+				p("VPSRLW $%d, Z28, Z31", sh)
+			}
+			p("VPTERNLOGD.BCST $0xf8, bit4mask<>(SB), Z%d, Z%d", src, k)
+		}
+	}
+	if n == 1 {
+		// Two chains of four, not one of eight (exact integer sums).
+		p("VPXORD Z12, Z12, Z12")
+		for k := 0; k < 8; k++ {
+			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 4*k, k, 8+4*(k%2))
+		}
+		p("VPADDD Z12, Z8, Z8")
+		return
+	}
+	for k := 0; k < 8; k++ {
+		for i := 0; i < n; i++ {
+			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 32*i+4*k, k, 8+i)
+		}
+	}
+}
+
 // q6k: Q6_K in its own packed layout, per 16-row group and 256-column
 // super-block: 16 f16 d, then 16 blocks of 16 columns, each [128 B low
 // nibbles (chunks 0|2, then 1|3), 64 B high bit pairs (chunk k at bits
 // 2k..2k+1), 16 B int8 scales]: 0.82 B/weight, as Q6_K itself.
-// acc += d·sc·(dx·Σq·x − 32·dx·Σx).
+// acc += dx·Σ_b d·sc_b·(Σq·x − 32·Σx): the activations (Q8_K, packed
+// with nodx) give 32·Σx unscaled, so a block costs one FMA per row of
+// activations on the VNNI pipes (the subtraction and conversion go
+// elsewhere) and dx joins once a super-block, as in q4k. The masks come
+// from memory and Z24 shifts the high bits before it holds d·sc, which
+// leaves room for the unscaled sums in Z4..Z7, Z25..Z28.
 func q6k(name string, n int) {
+	ua := []int{4, 5, 6, 7, 25, 26, 27, 28}
+	if n <= fewRows {
+		ua = []int{20, 21, 22, 23}
+	}
 	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb int)\n", name, n)
 	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
 	p("MOVQ w+0(FP), DI")
@@ -746,55 +815,55 @@ func q6k(name string, n int) {
 	for i := 0; i < n; i++ {
 		p("VPXORD Z%d, Z%d, Z%d", 16+i, 16+i, 16+i)
 	}
-	p("MOVL $0x0f0f0f0f, AX")
-	p("VPBROADCASTD AX, Z27")
-	p("MOVL $0x30303030, AX")
-	p("VPBROADCASTD AX, Z26")
 	fmt.Fprintf(&b, "super:\n")
 	p("VCVTPH2PS (DI), Z29")
 	p("ADDQ $32, DI")
+	for i := 0; i < n; i++ {
+		p("VPXORD Z%d, Z%d, Z%d", ua[i], ua[i], ua[i])
+	}
 	p("MOVQ $16, R10")
 	fmt.Fprintf(&b, "loop:\n")
 	prefetch(208)
-	p("VMOVDQU8 (DI), Z4")
-	p("VPANDD Z27, Z4, Z0")
-	p("VPSRLW $4, Z4, Z4")
-	p("VPANDD Z27, Z4, Z2")
-	p("VMOVDQU8 64(DI), Z5")
-	p("VPANDD Z27, Z5, Z1")
-	p("VPSRLW $4, Z5, Z5")
-	p("VPANDD Z27, Z5, Z3")
-	p("VMOVDQU8 128(DI), Z6")
-	// chunk |= (high bits moved to bits 4-5) & 0x30
-	p("VPSLLW $4, Z6, Z7")
-	p("VPTERNLOGD $0xf8, Z26, Z7, Z0")
-	p("VPSLLW $2, Z6, Z7")
-	p("VPTERNLOGD $0xf8, Z26, Z7, Z1")
-	p("VPTERNLOGD $0xf8, Z26, Z6, Z2")
-	p("VPSRLW $2, Z6, Z7")
-	p("VPTERNLOGD $0xf8, Z26, Z7, Z3")
+	if n <= fewRows {
+		q6kValuesFew()
+	} else {
+		q6kValues()
+	}
+	for i := 0; i < n; i++ {
+		p("VPXORD Z%d, Z%d, Z%d", 8+i, 8+i, 8+i)
+	}
+	if n == 1 {
+		// Two chains of two, not one of four: one row has nothing else
+		// to overlap them with. The integer sums are exact either way.
+		p("VPXORD Z12, Z12, Z12")
+		for k := 0; k < 4; k++ {
+			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 4*k, k, 8+4*(k%2))
+		}
+		p("VPADDD Z12, Z8, Z8")
+	} else {
+		for k := 0; k < 4; k++ {
+			for i := 0; i < n; i++ {
+				p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 16*i+4*k, k, 8+i)
+			}
+		}
+	}
 	p("VPMOVSXBD 192(DI), Z24")
 	p("VCVTDQ2PS Z24, Z24")
 	p("VMULPS Z29, Z24, Z24")
 	for i := 0; i < n; i++ {
-		p("VPXORD Z%d, Z%d, Z%d", 8+i, 8+i, 8+i)
-	}
-	for k := 0; k < 4; k++ {
-		for i := 0; i < n; i++ {
-			p("VPDPBUSD.BCST %d(SI), Z%d, Z%d", 16*i+4*k, k, 8+i)
-		}
-	}
-	for i := 0; i < n; i++ {
 		p("VCVTDQ2PS Z%d, Z%d", 8+i, 8+i)
-		p("VBROADCASTSS %d(DX), Z25", 8*i)
-		p("VFMSUB213PS.BCST %d(DX), Z25, Z%d", 8*i+4, 8+i)
-		p("VFMADD231PS Z%d, Z24, Z%d", 8+i, 16+i)
+		p("VSUBPS.BCST %d(DX), Z%d, Z%d", 8*i+4, 8+i, 8+i)
+		p("VFMADD231PS Z%d, Z24, Z%d", 8+i, ua[i])
 	}
 	p("ADDQ $208, DI")
 	p("ADDQ $%d, SI", 16*n)
 	p("ADDQ $%d, DX", 8*n)
 	p("DECQ R10")
 	p("JNZ loop")
+	// dx of the super-block: that of its last block, just passed.
+	for i := 0; i < n; i++ {
+		p("VFMADD231PS.BCST %d(DX), Z%d, Z%d", 8*i-8*n, ua[i], 16+i)
+	}
 	p("DECQ CX")
 	p("JNZ super")
 	for i := 0; i < n; i++ {
@@ -802,6 +871,54 @@ func q6k(name string, n int) {
 	}
 	p("VZEROUPPER")
 	p("RET")
+}
+
+// q6kValues builds a block's four 6-bit values in Z0..Z3 from memory
+// (Z24 the only temporary), for q6k with many rows.
+func q6kValues() {
+	for j := 0; j < 2; j++ {
+		p("VMOVDQU8 %d(DI), Z%d", 64*j, j)
+		p("VPANDD.BCST nibmask<>(SB), Z%d, Z%d", j, j)
+		p("VPSRLW $4, %d(DI), Z%d", 64*j, j+2)
+		p("VPANDD.BCST nibmask<>(SB), Z%d, Z%d", j+2, j+2)
+	}
+	// chunk |= (high bits moved to bits 4-5) & 0x30
+	for k, sh := range []int{4, 2, 0, -2} {
+		switch {
+		case sh > 0:
+			p("VPSLLW $%d, 128(DI), Z24", sh)
+		case sh == 0:
+			p("VMOVDQU8 128(DI), Z24")
+		default:
+			p("VPSRLW $%d, 128(DI), Z24", -sh)
+		}
+		p("VPTERNLOGD.BCST $0xf8, bits45mask<>(SB), Z24, Z%d", k)
+	}
+}
+
+// q6kValuesFew is q6kValues from registers: each 64 bytes loaded once.
+func q6kValuesFew() {
+	p("VMOVDQU8 (DI), Z4")
+	p("VPANDD.BCST nibmask<>(SB), Z4, Z0")
+	p("VPSRLW $4, Z4, Z4")
+	p("VPANDD.BCST nibmask<>(SB), Z4, Z2")
+	p("VMOVDQU8 64(DI), Z5")
+	p("VPANDD.BCST nibmask<>(SB), Z5, Z1")
+	p("VPSRLW $4, Z5, Z5")
+	p("VPANDD.BCST nibmask<>(SB), Z5, Z3")
+	p("VMOVDQU8 128(DI), Z6")
+	for k, sh := range []int{4, 2, 0, -2} {
+		src := 7
+		switch {
+		case sh > 0:
+			p("VPSLLW $%d, Z6, Z7", sh)
+		case sh == 0:
+			src = 6
+		default:
+			p("VPSRLW $%d, Z6, Z7", -sh)
+		}
+		p("VPTERNLOGD.BCST $0xf8, bits45mask<>(SB), Z%d, Z%d", src, k)
+	}
 }
 
 // q5c: Q5_0 packed: per 16-row group and 32-column block, [256 B low
@@ -1170,7 +1287,7 @@ func main() {
 	vecMain()
 	b.Reset()
 	b.WriteString("// Code generated by gen_asm.go; DO NOT EDIT.\n\n//go:build amd64 && !purego\n\n#include \"textflag.h\"\n")
-	b.WriteString("\nDATA nibmask<>+0(SB)/4, $0x0f0f0f0f\nGLOBL nibmask<>(SB), RODATA|NOPTR, $4\nDATA bit4mask<>+0(SB)/4, $0x10101010\nGLOBL bit4mask<>(SB), RODATA|NOPTR, $4\n")
+	b.WriteString("\nDATA nibmask<>+0(SB)/4, $0x0f0f0f0f\nGLOBL nibmask<>(SB), RODATA|NOPTR, $4\nDATA bit4mask<>+0(SB)/4, $0x10101010\nGLOBL bit4mask<>(SB), RODATA|NOPTR, $4\nDATA bits45mask<>+0(SB)/4, $0x30303030\nGLOBL bits45mask<>(SB), RODATA|NOPTR, $4\n")
 	for n := 1; n <= 8; n++ {
 		constK("gemmQ8C", false, 8, false, n)
 	}

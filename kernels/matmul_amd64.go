@@ -174,7 +174,7 @@ func (o *Ops) matMulNPacked(p *Pool, ws []*Matrix, x []float32, outs [][]float32
 		_ = outs[i][batch*w.Rows-1]
 		var a *actBuf
 		for j, s := range sigs {
-			if s.act == pk.act && s.block == pk.block && s.k == pk.k && samePerm(perms[j], w.Perm) {
+			if s.act == pk.act && s.block == pk.block && s.k == pk.k && s.nodx == pk.nodx && samePerm(perms[j], w.Perm) {
 				a = bufs[j]
 			}
 		}

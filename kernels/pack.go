@@ -64,10 +64,14 @@ const (
 )
 
 type packed struct {
-	kind       packKind
-	act        actKind
-	block      int     // columns per kernel block
-	k          float32 // implicit offset K (Q8_0 128, Q5_0 16, Q4_0 8, Q6_K 32, Q3_K 4); 1 for the S/M kinds
+	kind  packKind
+	act   actKind
+	block int     // columns per kernel block
+	k     float32 // implicit offset K (Q8_0 128, Q5_0 16, Q4_0 8, Q6_K 32, Q3_K 4); 1 for the S/M kinds
+	// nodx: each block's offset term is K·Σq without the activations'
+	// scale (Q8_K's is the same over a super-block, and the kernel
+	// applies it once per super-block).
+	nodx       bool
 	groups     int
 	nb         int // blocks per row
 	groupBytes int
@@ -153,9 +157,9 @@ func planPack(m *Matrix, avx2 bool) *packed {
 	case quant.Q4_1:
 		pk = packed{kind: packQ4SM, act: actQ8_0, block: 32, k: 1}
 	case quant.Q6_K:
-		pk = packed{kind: packQ6K, act: actQ8_K, block: 16, k: 32}
+		pk = packed{kind: packQ6K, act: actQ8_K, block: 16, k: 32, nodx: true}
 		if avx2 {
-			pk.kind = packQ8S16
+			pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 32}
 		}
 	case quant.Q3_K:
 		pk = packed{kind: packQ8S16, act: actQ8_K, block: 16, k: 4}

@@ -109,12 +109,12 @@ q80done:
 	VZEROUPPER
 	RET
 
-// func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, ststride int, k float32, blk32 bool)
+// func quantQ8KAVX512(x *float32, nsb int, q *int8, qstride int, st *float32, ststride int, k float32, blk32, nodx bool)
 // Per 256 elements, as quantize_row_q8_K_ref: iscale = −127/max (max the
 // first element of largest magnitude), q = nearest_int(iscale·x), d =
 // 1/iscale; then per 16 (or 32 with blk32) elements writes the q bytes and
-// {d, k·d·Σq}.
-TEXT ·quantQ8KAVX512(SB), NOSPLIT, $0-53
+// {d, k·d·Σq} ({d, k·Σq} with nodx).
+TEXT ·quantQ8KAVX512(SB), NOSPLIT, $0-54
 	MOVQ x+0(FP), SI
 	MOVQ nsb+8(FP), CX
 	MOVQ q+16(FP), DI
@@ -158,6 +158,10 @@ q8kfound:
 	VDIVSS X3, X15, X4
 	VDIVSS X4, X13, X5
 	VMULSS k+48(FP), X5, X12
+	CMPB nodx+53(FP), $0
+	JEQ q8kscaled
+	VMOVSS k+48(FP), X12
+q8kscaled:
 	VBROADCASTSS X4, Z4
 	CMPB blk32+52(FP), $0
 	JNE q8k32
