@@ -22,6 +22,19 @@ func p(format string, args ...any) { fmt.Fprintf(&b, "\t"+format+"\n", args...) 
 // that consumes step bytes per iteration: one core's hardware prefetcher
 // alone left the decode products at ~18 GB/s of the ~30 this machine
 // streams (2 threads, 600 MB matrix).
+// storeRows writes the n accumulators Z16.. (16 outputs of one row of
+// activations each) os bytes apart from R9: straight into the product's
+// rows where the group is whole, so nothing is copied after.
+func storeRows(n int) {
+	p("MOVQ os+40(FP), R11")
+	for i := 0; i < n; i++ {
+		if i > 0 {
+			p("ADDQ R11, R9")
+		}
+		p("VMOVUPS Z%d, (R9)", 16+i)
+	}
+}
+
 func prefetch(step int) {
 	for off := 0; off < step; off += 64 {
 		p("PREFETCHT0 %d(DI)", max(1, prefetchAhead/step)*step+off)
@@ -49,8 +62,8 @@ func constK(name string, nibble bool, chunks int, f32scale bool, n int) {
 		sbytes = 64
 	}
 	blockBytes := wbytes + sbytes
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
+	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb, os int)\n", name, n)
+	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-48\n", name, n)
 	p("MOVQ w+0(FP), DI")
 	p("MOVQ x+8(FP), SI")
 	p("MOVQ st+16(FP), DX")
@@ -114,9 +127,7 @@ func constK(name string, nibble bool, chunks int, f32scale bool, n int) {
 	p("ADDQ $%d, DX", 8*n)
 	p("DECQ CX")
 	p("JNZ loop")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
+	storeRows(n)
 	p("VZEROUPPER")
 	p("RET")
 }
@@ -125,8 +136,8 @@ func constK(name string, nibble bool, chunks int, f32scale bool, n int) {
 // acc += S·(dx·Σq·x) + M·sx, sx = dx·Σx precomputed per activation block.
 func sm16(name string, n int) {
 	const blockBytes = 256 + 128
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
+	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb, os int)\n", name, n)
+	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-48\n", name, n)
 	p("MOVQ w+0(FP), DI")
 	p("MOVQ x+8(FP), SI")
 	p("MOVQ st+16(FP), DX")
@@ -161,9 +172,7 @@ func sm16(name string, n int) {
 	p("ADDQ $%d, DX", 8*n)
 	p("DECQ CX")
 	p("JNZ loop")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
+	storeRows(n)
 	p("VZEROUPPER")
 	p("RET")
 }
@@ -383,8 +392,8 @@ func axpy(k vecKind) {
 // acc += S·(dx·Σq·x) + M·sx.
 func q4sm(name string, n int) {
 	const blockBytes = 256 + 128
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
+	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb, os int)\n", name, n)
+	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-48\n", name, n)
 	p("MOVQ w+0(FP), DI")
 	p("MOVQ x+8(FP), SI")
 	p("MOVQ st+16(FP), DX")
@@ -424,9 +433,7 @@ func q4sm(name string, n int) {
 	p("ADDQ $%d, DX", 8*n)
 	p("DECQ CX")
 	p("JNZ loop")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
+	storeRows(n)
 	p("VZEROUPPER")
 	p("RET")
 }
@@ -653,8 +660,8 @@ func q45kScaled(name string, n int, plane bool) {
 	if n <= fewRows {
 		ua = []int{20, 21, 22, 23}
 	}
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
+	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb, os int)\n", name, n)
+	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-48\n", name, n)
 	p("MOVQ w+0(FP), DI")
 	p("MOVQ x+8(FP), SI")
 	p("MOVQ st+16(FP), DX")
@@ -703,9 +710,7 @@ func q45kScaled(name string, n int, plane bool) {
 	}
 	p("DECQ CX")
 	p("JNZ super")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
+	storeRows(n)
 	p("VZEROUPPER")
 	p("RET")
 }
@@ -805,8 +810,8 @@ func q6k(name string, n int) {
 	if n <= fewRows {
 		ua = []int{20, 21, 22, 23}
 	}
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
+	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nsb, os int)\n", name, n)
+	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-48\n", name, n)
 	p("MOVQ w+0(FP), DI")
 	p("MOVQ x+8(FP), SI")
 	p("MOVQ st+16(FP), DX")
@@ -866,9 +871,7 @@ func q6k(name string, n int) {
 	}
 	p("DECQ CX")
 	p("JNZ super")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
+	storeRows(n)
 	p("VZEROUPPER")
 	p("RET")
 }
@@ -926,8 +929,8 @@ func q6kValuesFew() {
 // column 4k+j), 32 B f16 d]: 0.69 B/weight like Q5_0. acc += d·(dx·Σq·x −
 // 16·dx·Σx).
 func q5c(name string, n int) {
-	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb int)\n", name, n)
-	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-40\n", name, n)
+	fmt.Fprintf(&b, "\n// func %s%d(w *byte, x *int8, st *float32, out *float32, nb, os int)\n", name, n)
+	fmt.Fprintf(&b, "TEXT ·%s%d(SB), NOSPLIT, $0-48\n", name, n)
 	p("MOVQ w+0(FP), DI")
 	p("MOVQ x+8(FP), SI")
 	p("MOVQ st+16(FP), DX")
@@ -981,9 +984,7 @@ func q5c(name string, n int) {
 	p("ADDQ $%d, DX", 8*n)
 	p("DECQ CX")
 	p("JNZ loop")
-	for i := 0; i < n; i++ {
-		p("VMOVUPS Z%d, %d(R9)", 16+i, 64*i)
-	}
+	storeRows(n)
 	p("VZEROUPPER")
 	p("RET")
 }
@@ -1327,7 +1328,7 @@ func main() {
 	g.WriteString("// Code generated by gen_asm.go; DO NOT EDIT.\n\n//go:build amd64 && !purego\n\npackage kernels\n\n")
 	for _, name := range []string{"gemmQ8C", "gemmQ4C", "gemmSM16_", "gemmQ4SM", "gemmQ8S16_", "gemmQ4K", "gemmQ6K", "gemmQ5C", "gemmQ5K"} {
 		for n := 1; n <= 8; n++ {
-			fmt.Fprintf(&g, "//go:noescape\nfunc %s%d(w *byte, x *int8, st *float32, out *float32, nb int)\n\n", name, n)
+			fmt.Fprintf(&g, "//go:noescape\nfunc %s%d(w *byte, x *int8, st *float32, out *float32, nb, os int)\n\n", name, n)
 		}
 		fmt.Fprintf(&g, "var %sFns = [9]gemmKernel{nil", name)
 		for n := 1; n <= 8; n++ {

@@ -30,7 +30,7 @@ func BenchmarkGemmKernel(b *testing.B) {
 			b.Run(fmt.Sprintf("%s/n%d", typ, n), func(b *testing.B) {
 				cpu0 := processCPU()
 				for b.Loop() {
-					fns[n](&pk.data[0], &a.q[0], &a.st[0], &tmp[0], pk.kernelArg())
+					fns[n](&pk.data[0], &a.q[0], &a.st[0], &tmp[0], pk.kernelArg(), 64)
 				}
 				sec := b.Elapsed().Seconds() / float64(b.N)
 				b.ReportMetric(2*16*cols*float64(n)/sec/1e9, "GOP/s")

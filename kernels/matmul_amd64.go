@@ -9,8 +9,9 @@ import (
 )
 
 // gemmKernel multiplies one packed 16-row group (nb blocks) by one tile of
-// quantized activations, writing 16 sums per tile row to out.
-type gemmKernel func(w *byte, x *int8, st *float32, out *float32, nb int)
+// quantized activations, writing 16 sums per tile row to out, the rows os
+// bytes apart.
+type gemmKernel func(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 // gemmKernel2 is the AVX2 form: one 8-row half of a group, up to 4
 // activation rows of a tile whose blocks are xs bytes (stats ss bytes) apart.
@@ -233,8 +234,12 @@ func (o *Ops) runJobs(p *Pool, jobs []mmJob, batch int) {
 								j.fns2[min(4, nt-s)](wp, &j.a.q[r0*cols+s*bb], &j.a.st[r0*nb*2+s*2], &tmp[s*16+half*8], nb, half, nt*bb, nt*8)
 							}
 						}
+					} else if nr == 16 {
+						// A whole group: the kernel writes the rows' outputs in place.
+						j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &j.out[r0*rows+g*16], j.pk.kernelArg(), 4*rows)
+						continue
 					} else {
-						j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], j.pk.kernelArg())
+						j.fns[nt](wp, &j.a.q[r0*cols], &j.a.st[r0*nb*2], &tmp[0], j.pk.kernelArg(), 64)
 					}
 					for n := 0; n < nt; n++ {
 						copy(j.out[(r0+n)*rows+g*16:(r0+n)*rows+g*16+nr], tmp[16*n:16*n+nr])

@@ -11,8 +11,8 @@ GLOBL bit4mask<>(SB), RODATA|NOPTR, $4
 DATA bits45mask<>+0(SB)/4, $0x30303030
 GLOBL bits45mask<>(SB), RODATA|NOPTR, $4
 
-// func gemmQ8C1(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C1(SB), NOSPLIT, $0-40
+// func gemmQ8C1(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -62,12 +62,13 @@ loop:
 	ADDQ $8, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C2(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C2(SB), NOSPLIT, $0-40
+// func gemmQ8C2(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -137,13 +138,15 @@ loop:
 	ADDQ $16, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C3(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C3(SB), NOSPLIT, $0-40
+// func gemmQ8C3(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -221,14 +224,17 @@ loop:
 	ADDQ $24, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C4(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C4(SB), NOSPLIT, $0-40
+// func gemmQ8C4(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -322,15 +328,19 @@ loop:
 	ADDQ $32, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C5(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C5(SB), NOSPLIT, $0-40
+// func gemmQ8C5(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -430,16 +440,21 @@ loop:
 	ADDQ $40, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C6(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C6(SB), NOSPLIT, $0-40
+// func gemmQ8C6(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -553,17 +568,23 @@ loop:
 	ADDQ $48, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C7(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C7(SB), NOSPLIT, $0-40
+// func gemmQ8C7(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -691,18 +712,25 @@ loop:
 	ADDQ $56, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8C8(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8C8(SB), NOSPLIT, $0-40
+// func gemmQ8C8(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8C8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -844,19 +872,27 @@ loop:
 	ADDQ $64, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C1(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C1(SB), NOSPLIT, $0-40
+// func gemmQ4C1(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -912,12 +948,13 @@ loop:
 	ADDQ $8, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C2(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C2(SB), NOSPLIT, $0-40
+// func gemmQ4C2(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -993,13 +1030,15 @@ loop:
 	ADDQ $16, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C3(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C3(SB), NOSPLIT, $0-40
+// func gemmQ4C3(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1083,14 +1122,17 @@ loop:
 	ADDQ $24, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C4(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C4(SB), NOSPLIT, $0-40
+// func gemmQ4C4(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1190,15 +1232,19 @@ loop:
 	ADDQ $32, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C5(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C5(SB), NOSPLIT, $0-40
+// func gemmQ4C5(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1304,16 +1350,21 @@ loop:
 	ADDQ $40, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C6(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C6(SB), NOSPLIT, $0-40
+// func gemmQ4C6(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1433,17 +1484,23 @@ loop:
 	ADDQ $48, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C7(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C7(SB), NOSPLIT, $0-40
+// func gemmQ4C7(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1577,18 +1634,25 @@ loop:
 	ADDQ $56, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4C8(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4C8(SB), NOSPLIT, $0-40
+// func gemmQ4C8(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4C8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1736,19 +1800,27 @@ loop:
 	ADDQ $64, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_1(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_1(SB), NOSPLIT, $0-40
+// func gemmQ8S16_1(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1786,12 +1858,13 @@ loop:
 	ADDQ $8, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_2(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_2(SB), NOSPLIT, $0-40
+// func gemmQ8S16_2(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1845,13 +1918,15 @@ loop:
 	ADDQ $16, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_3(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_3(SB), NOSPLIT, $0-40
+// func gemmQ8S16_3(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1909,14 +1984,17 @@ loop:
 	ADDQ $24, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_4(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_4(SB), NOSPLIT, $0-40
+// func gemmQ8S16_4(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -1986,15 +2064,19 @@ loop:
 	ADDQ $32, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_5(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_5(SB), NOSPLIT, $0-40
+// func gemmQ8S16_5(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2066,16 +2148,21 @@ loop:
 	ADDQ $40, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_6(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_6(SB), NOSPLIT, $0-40
+// func gemmQ8S16_6(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2157,17 +2244,23 @@ loop:
 	ADDQ $48, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_7(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_7(SB), NOSPLIT, $0-40
+// func gemmQ8S16_7(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2259,18 +2352,25 @@ loop:
 	ADDQ $56, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ8S16_8(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ8S16_8(SB), NOSPLIT, $0-40
+// func gemmQ8S16_8(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ8S16_8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2372,19 +2472,27 @@ loop:
 	ADDQ $64, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_1(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_1(SB), NOSPLIT, $0-40
+// func gemmSM16_1(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2418,12 +2526,13 @@ loop:
 	ADDQ $8, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_2(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_2(SB), NOSPLIT, $0-40
+// func gemmSM16_2(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2467,13 +2576,15 @@ loop:
 	ADDQ $16, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_3(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_3(SB), NOSPLIT, $0-40
+// func gemmSM16_3(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2527,14 +2638,17 @@ loop:
 	ADDQ $24, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_4(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_4(SB), NOSPLIT, $0-40
+// func gemmSM16_4(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2598,15 +2712,19 @@ loop:
 	ADDQ $32, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_5(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_5(SB), NOSPLIT, $0-40
+// func gemmSM16_5(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2680,16 +2798,21 @@ loop:
 	ADDQ $40, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_6(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_6(SB), NOSPLIT, $0-40
+// func gemmSM16_6(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2773,17 +2896,23 @@ loop:
 	ADDQ $48, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_7(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_7(SB), NOSPLIT, $0-40
+// func gemmSM16_7(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2877,18 +3006,25 @@ loop:
 	ADDQ $56, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmSM16_8(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmSM16_8(SB), NOSPLIT, $0-40
+// func gemmSM16_8(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmSM16_8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -2992,19 +3128,27 @@ loop:
 	ADDQ $64, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM1(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM1(SB), NOSPLIT, $0-40
+// func gemmQ4SM1(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3056,12 +3200,13 @@ loop:
 	ADDQ $8, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM2(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM2(SB), NOSPLIT, $0-40
+// func gemmQ4SM2(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3127,13 +3272,15 @@ loop:
 	ADDQ $16, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM3(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM3(SB), NOSPLIT, $0-40
+// func gemmQ4SM3(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3213,14 +3360,17 @@ loop:
 	ADDQ $24, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM4(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM4(SB), NOSPLIT, $0-40
+// func gemmQ4SM4(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3314,15 +3464,19 @@ loop:
 	ADDQ $32, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM5(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM5(SB), NOSPLIT, $0-40
+// func gemmQ4SM5(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3430,16 +3584,21 @@ loop:
 	ADDQ $40, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM6(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM6(SB), NOSPLIT, $0-40
+// func gemmQ4SM6(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3561,17 +3720,23 @@ loop:
 	ADDQ $48, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM7(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM7(SB), NOSPLIT, $0-40
+// func gemmQ4SM7(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3707,18 +3872,25 @@ loop:
 	ADDQ $56, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4SM8(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ4SM8(SB), NOSPLIT, $0-40
+// func gemmQ4SM8(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ4SM8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3868,19 +4040,27 @@ loop:
 	ADDQ $64, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K1(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K1(SB), NOSPLIT, $0-40
+// func gemmQ4K1(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -3943,12 +4123,13 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z20, Z16
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K2(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K2(SB), NOSPLIT, $0-40
+// func gemmQ4K2(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4024,13 +4205,15 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z21, Z17
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K3(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K3(SB), NOSPLIT, $0-40
+// func gemmQ4K3(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4121,14 +4304,17 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z22, Z18
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K4(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K4(SB), NOSPLIT, $0-40
+// func gemmQ4K4(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4234,15 +4420,19 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z23, Z19
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K5(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K5(SB), NOSPLIT, $0-40
+// func gemmQ4K5(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4363,16 +4553,21 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z25, Z20
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K6(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K6(SB), NOSPLIT, $0-40
+// func gemmQ4K6(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4508,17 +4703,23 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z26, Z21
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K7(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K7(SB), NOSPLIT, $0-40
+// func gemmQ4K7(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4669,18 +4870,25 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z27, Z22
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ4K8(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ4K8(SB), NOSPLIT, $0-40
+// func gemmQ4K8(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ4K8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4846,19 +5054,27 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z31, Z23
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K1(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K1(SB), NOSPLIT, $0-40
+// func gemmQ6K1(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4912,12 +5128,13 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z20, Z16
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K2(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K2(SB), NOSPLIT, $0-40
+// func gemmQ6K2(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -4980,13 +5197,15 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z21, Z17
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K3(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K3(SB), NOSPLIT, $0-40
+// func gemmQ6K3(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5060,14 +5279,17 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z22, Z18
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K4(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K4(SB), NOSPLIT, $0-40
+// func gemmQ6K4(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5152,15 +5374,19 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z23, Z19
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K5(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K5(SB), NOSPLIT, $0-40
+// func gemmQ6K5(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5256,16 +5482,21 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z25, Z20
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K6(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K6(SB), NOSPLIT, $0-40
+// func gemmQ6K6(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5372,17 +5603,23 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z26, Z21
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K7(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K7(SB), NOSPLIT, $0-40
+// func gemmQ6K7(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5500,18 +5737,25 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z27, Z22
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ6K8(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ6K8(SB), NOSPLIT, $0-40
+// func gemmQ6K8(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ6K8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5640,19 +5884,27 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z28, Z23
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C1(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C1(SB), NOSPLIT, $0-40
+// func gemmQ5C1(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5721,12 +5973,13 @@ loop:
 	ADDQ $8, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C2(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C2(SB), NOSPLIT, $0-40
+// func gemmQ5C2(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5809,13 +6062,15 @@ loop:
 	ADDQ $16, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C3(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C3(SB), NOSPLIT, $0-40
+// func gemmQ5C3(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -5912,14 +6167,17 @@ loop:
 	ADDQ $24, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C4(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C4(SB), NOSPLIT, $0-40
+// func gemmQ5C4(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6030,15 +6288,19 @@ loop:
 	ADDQ $32, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C5(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C5(SB), NOSPLIT, $0-40
+// func gemmQ5C5(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6163,16 +6425,21 @@ loop:
 	ADDQ $40, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C6(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C6(SB), NOSPLIT, $0-40
+// func gemmQ5C6(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6311,17 +6578,23 @@ loop:
 	ADDQ $48, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C7(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C7(SB), NOSPLIT, $0-40
+// func gemmQ5C7(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6474,18 +6747,25 @@ loop:
 	ADDQ $56, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5C8(w *byte, x *int8, st *float32, out *float32, nb int)
-TEXT ·gemmQ5C8(SB), NOSPLIT, $0-40
+// func gemmQ5C8(w *byte, x *int8, st *float32, out *float32, nb, os int)
+TEXT ·gemmQ5C8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6652,19 +6932,27 @@ loop:
 	ADDQ $64, DX
 	DECQ CX
 	JNZ loop
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K1(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K1(SB), NOSPLIT, $0-40
+// func gemmQ5K1(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K1(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6744,12 +7032,13 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z20, Z16
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K2(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K2(SB), NOSPLIT, $0-40
+// func gemmQ5K2(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K2(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6842,13 +7131,15 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z21, Z17
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K3(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K3(SB), NOSPLIT, $0-40
+// func gemmQ5K3(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K3(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -6956,14 +7247,17 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z22, Z18
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K4(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K4(SB), NOSPLIT, $0-40
+// func gemmQ5K4(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K4(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -7086,15 +7380,19 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z23, Z19
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K5(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K5(SB), NOSPLIT, $0-40
+// func gemmQ5K5(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K5(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -7232,16 +7530,21 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z25, Z20
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K6(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K6(SB), NOSPLIT, $0-40
+// func gemmQ5K6(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K6(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -7394,17 +7697,23 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z26, Z21
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K7(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K7(SB), NOSPLIT, $0-40
+// func gemmQ5K7(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K7(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -7572,18 +7881,25 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z27, Z22
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
 	VZEROUPPER
 	RET
 
-// func gemmQ5K8(w *byte, x *int8, st *float32, out *float32, nsb int)
-TEXT ·gemmQ5K8(SB), NOSPLIT, $0-40
+// func gemmQ5K8(w *byte, x *int8, st *float32, out *float32, nsb, os int)
+TEXT ·gemmQ5K8(SB), NOSPLIT, $0-48
 	MOVQ w+0(FP), DI
 	MOVQ x+8(FP), SI
 	MOVQ st+16(FP), DX
@@ -7766,14 +8082,22 @@ loop:
 	VFMADD231PS.BCST -8(DX), Z31, Z23
 	DECQ CX
 	JNZ super
-	VMOVUPS Z16, 0(R9)
-	VMOVUPS Z17, 64(R9)
-	VMOVUPS Z18, 128(R9)
-	VMOVUPS Z19, 192(R9)
-	VMOVUPS Z20, 256(R9)
-	VMOVUPS Z21, 320(R9)
-	VMOVUPS Z22, 384(R9)
-	VMOVUPS Z23, 448(R9)
+	MOVQ os+40(FP), R11
+	VMOVUPS Z16, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z17, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z18, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z19, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z20, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z21, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z22, (R9)
+	ADDQ R11, R9
+	VMOVUPS Z23, (R9)
 	VZEROUPPER
 	RET
 

@@ -5,236 +5,236 @@
 package kernels
 
 //go:noescape
-func gemmQ8C1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8C8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8C8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ8CFns = [9]gemmKernel{nil, gemmQ8C1, gemmQ8C2, gemmQ8C3, gemmQ8C4, gemmQ8C5, gemmQ8C6, gemmQ8C7, gemmQ8C8}
 
 //go:noescape
-func gemmQ4C1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4C8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4C8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ4CFns = [9]gemmKernel{nil, gemmQ4C1, gemmQ4C2, gemmQ4C3, gemmQ4C4, gemmQ4C5, gemmQ4C6, gemmQ4C7, gemmQ4C8}
 
 //go:noescape
-func gemmSM16_1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmSM16_8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmSM16_8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmSM16_Fns = [9]gemmKernel{nil, gemmSM16_1, gemmSM16_2, gemmSM16_3, gemmSM16_4, gemmSM16_5, gemmSM16_6, gemmSM16_7, gemmSM16_8}
 
 //go:noescape
-func gemmQ4SM1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4SM8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4SM8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ4SMFns = [9]gemmKernel{nil, gemmQ4SM1, gemmQ4SM2, gemmQ4SM3, gemmQ4SM4, gemmQ4SM5, gemmQ4SM6, gemmQ4SM7, gemmQ4SM8}
 
 //go:noescape
-func gemmQ8S16_1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ8S16_8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ8S16_8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ8S16_Fns = [9]gemmKernel{nil, gemmQ8S16_1, gemmQ8S16_2, gemmQ8S16_3, gemmQ8S16_4, gemmQ8S16_5, gemmQ8S16_6, gemmQ8S16_7, gemmQ8S16_8}
 
 //go:noescape
-func gemmQ4K1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ4K8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ4K8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ4KFns = [9]gemmKernel{nil, gemmQ4K1, gemmQ4K2, gemmQ4K3, gemmQ4K4, gemmQ4K5, gemmQ4K6, gemmQ4K7, gemmQ4K8}
 
 //go:noescape
-func gemmQ6K1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ6K8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ6K8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ6KFns = [9]gemmKernel{nil, gemmQ6K1, gemmQ6K2, gemmQ6K3, gemmQ6K4, gemmQ6K5, gemmQ6K6, gemmQ6K7, gemmQ6K8}
 
 //go:noescape
-func gemmQ5C1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5C8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5C8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ5CFns = [9]gemmKernel{nil, gemmQ5C1, gemmQ5C2, gemmQ5C3, gemmQ5C4, gemmQ5C5, gemmQ5C6, gemmQ5C7, gemmQ5C8}
 
 //go:noescape
-func gemmQ5K1(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K1(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K2(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K2(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K3(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K3(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K4(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K4(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K5(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K5(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K6(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K6(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K7(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K7(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 //go:noescape
-func gemmQ5K8(w *byte, x *int8, st *float32, out *float32, nb int)
+func gemmQ5K8(w *byte, x *int8, st *float32, out *float32, nb, os int)
 
 var gemmQ5KFns = [9]gemmKernel{nil, gemmQ5K1, gemmQ5K2, gemmQ5K3, gemmQ5K4, gemmQ5K5, gemmQ5K6, gemmQ5K7, gemmQ5K8}
 
