@@ -37,15 +37,7 @@ func TestMedian(t *testing.T) {
 }
 
 func TestBatchedDecode(t *testing.T) {
-	path, err := embedded.Path(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openEmbedded(t)
 	one, err := Run(m, Test{Kind: "tg", N: 16}, 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -68,15 +60,7 @@ func TestBatchedDecode(t *testing.T) {
 // token reads one row), and its share of a measured int8 peak is that
 // work at its rate.
 func TestInt8Share(t *testing.T) {
-	path, err := embedded.Path(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openEmbedded(t)
 	r, err := Run(m, Test{Kind: "pp", N: 32}, 1, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -111,15 +95,7 @@ func TestInt8Share(t *testing.T) {
 // ratios, for decode against the read bandwidth and for prefill against
 // the int8 peak.
 func TestPairedShares(t *testing.T) {
-	path, err := embedded.Path(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := model.Open(path, model.Options{Threads: 2})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	m := openEmbedded(t)
 	calls := 0
 	probe := func() (float64, float64, error) {
 		calls++
@@ -153,4 +129,20 @@ func TestPairedShares(t *testing.T) {
 	if _, err := RunPaired(m, Test{Kind: "pp", N: 8}, 2, 0, nil, func() (float64, float64, error) { return 0, 0, errors.New("probe broke") }); err == nil {
 		t.Error("a failing probe went unreported")
 	}
+}
+
+// openEmbedded opens the embedded default model on 2 threads, closed
+// when the test ends.
+func openEmbedded(t *testing.T) *model.Model {
+	t.Helper()
+	path, err := embedded.Path(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := model.Open(path, model.Options{Threads: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }
