@@ -291,21 +291,56 @@ func (c *specCtl) trial(s *ctlState) int {
 	if s.wins[s.arm] == 0 || s.prev[0].arm != s.arm || s.prev[0].n+1 != s.n {
 		return -1
 	}
-	if float64(c.probes)+float64(c.cfg.Window) > c.allowance() {
-		return -1
-	}
 	// A trial may take up to its window's time at the exploited arm's
 	// pace over ctlQuickExit before it ends (losing).
 	if est := s.prev[0].sec / ctlQuickExit; c.trialSec+est > c.cfg.Explore*c.totalSec+ctlFreeWindows*est {
 		return -1
 	}
+	return c.trialArm(s, s.n, 0)
+}
+
+// trialArm is the arm of a trial in window n, or -1, by the step budget
+// (ahead: measured steps still to come before the window starts) and
+// the arms' predictions; the caller checks the rest (trial).
+func (c *specCtl) trialArm(s *ctlState, n uint64, ahead int) int {
+	if float64(c.probes)+float64(c.cfg.Window) > c.allowance()+c.cfg.Explore*float64(ahead) {
+		return -1
+	}
 	if a := c.untried(s); a >= 0 {
 		return a
 	}
-	if s.n%uint64(c.cfg.ProbeEvery) != 0 {
+	if n%uint64(c.cfg.ProbeEvery) != 0 {
 		return -1
 	}
-	return c.probeArm(s)
+	return c.probeArm(s, n)
+}
+
+// ctlFeatLead is how many steps before a plain window ends the engine
+// starts collecting the target's features again when the next window may
+// speculate (featBook): the context an EAGLE draft restarts from.
+const ctlFeatLead = 16
+
+// leavesPlainSoon reports whether the load of a step decoding n
+// sequences may run a spec arm within ctlFeatLead steps: its bucket
+// exploits one (a plain step there is a trial), or its plain window ends
+// by then and the next may be a trial, or may exploit the arm whose
+// trial the window brackets. Only then do plain steps pay for the
+// features a proposal reads. A guess that misses costs the first spec
+// step its drafts (that step is not measured: ctlObs.switched).
+func (c *specCtl) leavesPlainSoon(n int) bool {
+	if n == 0 {
+		return true
+	}
+	s := &c.b[ctlBucket(n)]
+	switch {
+	case s.arm != armPlain || s.win != armPlain:
+		return true
+	case s.left > ctlFeatLead:
+		return false
+	case s.left > 0 && s.prev[0].arm != armPlain && s.prev[0].n+1 == s.n:
+		return true
+	}
+	return c.trialArm(s, s.n+1, s.left) >= 0
 }
 
 // allowance is how many steps trial windows may have taken by now.
@@ -333,10 +368,10 @@ func (c *specCtl) untried(s *ctlState) int {
 // exploited, the best spec arm the model does not rule out (ctlBackoff
 // times rarer while it realised under ctlBackoffBelow of plain); while a
 // spec arm is, in turn plain and the rungs next to it on the ladder.
-func (c *specCtl) probeArm(s *ctlState) int {
+func (c *specCtl) probeArm(s *ctlState, n uint64) int {
 	if s.arm == armPlain {
 		b := c.bestSpec(s, true)
-		if b < 0 || !c.pays(s, b, false) || s.ratio[b] < math.Log(ctlBackoffBelow) && s.n%uint64(c.cfg.ProbeEvery*ctlBackoff) != 0 {
+		if b < 0 || !c.pays(s, b, false) || s.ratio[b] < math.Log(ctlBackoffBelow) && n%uint64(c.cfg.ProbeEvery*ctlBackoff) != 0 {
 			return -1
 		}
 		return b

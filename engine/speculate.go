@@ -108,6 +108,7 @@ func (e *Engine) propose() {
 			n = 0 // nothing to decide: not measured
 		}
 		arm := e.ctlBegin(n, mixed)
+		e.feat.setWant(arm != armPlain || e.ctl.leavesPlainSoon(n))
 		if arm == armPlain {
 			return
 		}
