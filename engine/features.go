@@ -32,7 +32,7 @@ type featBook struct {
 // (up to twice as many before they are trimmed, so trimming copies each
 // row at most once): the context an EAGLE draft restarts from after the
 // sequence drafted nothing for a while.
-const featTail = 32
+const featTail = ctlFeatLead
 
 // newFeatBook is the book for cfg's proposer: nil when it reads no
 // features, an error when the model or executor cannot give them.

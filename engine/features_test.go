@@ -108,18 +108,19 @@ func TestFeaturesPlainSteps(t *testing.T) {
 // TestSpecCtlLeavesPlainSoon: a bucket exploiting plain asks for features
 // in the ctlFeatLead steps before every window that speculates (the tail
 // its proposal restarts from), on every step that speculates, and on few
-// others: the last ctlFeatLead steps of the plain window that closes a
-// trial's bracket (the controller may switch to the spec arm then), not
-// in a plain window that no trial follows.
+// others: the plain window that closes a trial's bracket (the controller
+// may switch to the spec arm after it), not a plain window that no trial
+// follows within ctlFeatLead steps.
 func TestSpecCtlLeavesPlainSoon(t *testing.T) {
-	c := newSpecCtl(SpecControl{Window: 40, ProbeEvery: 4, Explore: 0.2}, nil, 4)
+	const window = 24
+	c := newSpecCtl(SpecControl{Window: window, ProbeEvery: 8, Explore: 0.05}, nil, 4)
 	if !c.leavesPlainSoon(0) {
 		t.Fatal("a step without decodes must ask (a prompt alone)")
 	}
 	now := time.Unix(0, 0)
 	var arms []int
 	var soon []bool
-	for range 2000 {
+	for range 6000 {
 		now = now.Add(time.Millisecond)
 		arm := c.choose(8, now)
 		arms, soon = append(arms, arm), append(soon, c.leavesPlainSoon(8))
@@ -151,7 +152,7 @@ func TestSpecCtlLeavesPlainSoon(t *testing.T) {
 		}
 	}
 	t.Logf("%d steps: %d speculate (%d windows), %d ask for features", len(arms), spec, wins, asked)
-	if wins < 3 || asked > spec+2*ctlFeatLead*(wins+1) {
+	if wins < 3 || asked > spec+(ctlFeatLead+window)*(wins+1) || asked > len(arms)/2 {
 		t.Fatalf("%d of %d steps asked for features; %d speculated in %d windows", asked, len(arms), spec, wins)
 	}
 }
