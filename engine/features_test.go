@@ -66,6 +66,31 @@ func TestFeaturesPlainSteps(t *testing.T) {
 	want := runAll(t, ep, reqs)
 	ep.Stop(context.Background())
 
+	// Requests that do not speculate: only the steps with prompts in
+	// flight ask for hidden states, and nothing is kept.
+	cfg.Spec = SpecConfig{Proposer: d.Proposer(eagle.ProposerOptions{}), Tokens: 8}
+	e, err := New(m, tok, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Start()
+	var opt []*Request
+	for _, r := range reqs {
+		c := *r
+		c.SpecTokens = -1
+		opt = append(opt, &c)
+	}
+	got := runAll(t, e, opt)
+	e.Stop(context.Background())
+	for i := range reqs {
+		if fmt.Sprint(got[i].tokens) != fmt.Sprint(want[i].tokens) {
+			t.Fatalf("opted out, request %d: %v, plain %v", i, got[i].tokens, want[i].tokens)
+		}
+	}
+	if st := e.Stats(); e.feat.steps > uint64(len(reqs)) || e.feat.rows > 0 {
+		t.Fatalf("requests that do not speculate: %d of %d steps asked for hidden states, %d rows kept", e.feat.steps, st.Steps, e.feat.rows)
+	}
+
 	for _, held := range []bool{true, false} {
 		rec := &featRecorder{Proposer: d.Proposer(eagle.ProposerOptions{})}
 		cfg.Spec = SpecConfig{Proposer: rec, Tokens: 8, Control: SpecControl{Window: 2, ProbeEvery: 2, Explore: 1, Stale: time.Hour}}
@@ -114,8 +139,8 @@ func TestFeaturesPlainSteps(t *testing.T) {
 func TestSpecCtlLeavesPlainSoon(t *testing.T) {
 	const window = 24
 	c := newSpecCtl(SpecControl{Window: window, ProbeEvery: 8, Explore: 0.05}, nil, 4)
-	if !c.leavesPlainSoon(0) {
-		t.Fatal("a step without decodes must ask (a prompt alone)")
+	if !c.wantsFeatures(0, armSpec, true) || c.wantsFeatures(0, armSpec, false) {
+		t.Fatal("a step without candidates must ask for its prompts, and only then")
 	}
 	now := time.Unix(0, 0)
 	var arms []int

@@ -344,17 +344,24 @@ func (c *specCtl) featAt(s *ctlState) int {
 	return 0
 }
 
-// leavesPlainSoon reports whether a step decoding n sequences should
-// collect the target's features for the proposer: its bucket exploits a
-// spec arm (a plain step there is a trial), runs one, or its plain window
-// may be followed by one within ctlFeatLead steps (featAt). Only then do
-// plain steps pay for the features a proposal reads. A guess that misses
-// costs the first spec step its drafts (that step is not measured:
-// ctlObs.switched).
-func (c *specCtl) leavesPlainSoon(n int) bool {
+// wantsFeatures reports whether a step that runs arm for n decoding
+// candidates (0: none; mixed: prompts in flight too) should collect the
+// target's features for the proposer: without candidates, for the prompts
+// alone; else when it speculates or its load may soon (leavesPlainSoon).
+func (c *specCtl) wantsFeatures(n, arm int, mixed bool) bool {
 	if n == 0 {
-		return true
+		return mixed
 	}
+	return arm != armPlain || c.leavesPlainSoon(n)
+}
+
+// leavesPlainSoon reports whether the load of a step decoding n ≥ 1
+// sequences may speculate soon: its bucket exploits a spec arm (a plain
+// step there is a trial), runs one, or its plain window may be followed
+// by one within ctlFeatLead steps (featAt). Only then do plain steps pay
+// for the features a proposal reads. A guess that misses costs the first
+// spec step its drafts (that step is not measured: ctlObs.switched).
+func (c *specCtl) leavesPlainSoon(n int) bool {
 	s := &c.b[ctlBucket(n)]
 	switch {
 	case s.arm != armPlain || s.win != armPlain:
