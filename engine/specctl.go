@@ -239,6 +239,7 @@ type ctlState struct {
 	steps   int       // measured steps in it so far
 	tok     float64   // its tokens and seconds so far
 	sec     float64
+	featAt  int       // collect features from this many steps left on (featAt)
 	n       uint64    // windows started: the probes' clock
 	last    time.Time // when a step last asked for this bucket
 }
@@ -280,6 +281,7 @@ func (c *specCtl) choose(n int, now time.Time) int {
 		s.win, s.probe = a, true
 	}
 	s.left, s.steps = c.cfg.Window, 0
+	s.featAt = c.featAt(s)
 	s.tok, s.sec = 0, 0
 	return s.win
 }
@@ -291,21 +293,83 @@ func (c *specCtl) trial(s *ctlState) int {
 	if s.wins[s.arm] == 0 || s.prev[0].arm != s.arm || s.prev[0].n+1 != s.n {
 		return -1
 	}
-	if float64(c.probes)+float64(c.cfg.Window) > c.allowance() {
-		return -1
-	}
 	// A trial may take up to its window's time at the exploited arm's
 	// pace over ctlQuickExit before it ends (losing).
 	if est := s.prev[0].sec / ctlQuickExit; c.trialSec+est > c.cfg.Explore*c.totalSec+ctlFreeWindows*est {
 		return -1
 	}
+	return c.trialArm(s, s.n, 0)
+}
+
+// trialArm is the arm of a trial in window n, or -1, by the step budget
+// (ahead: measured steps still to come before the window starts) and
+// the arms' predictions; the caller checks the rest (trial).
+func (c *specCtl) trialArm(s *ctlState, n uint64, ahead int) int {
+	if float64(c.probes)+float64(c.cfg.Window) > c.allowance()+c.cfg.Explore*float64(ahead) {
+		return -1
+	}
 	if a := c.untried(s); a >= 0 {
 		return a
 	}
-	if s.n%uint64(c.cfg.ProbeEvery) != 0 {
+	if n%uint64(c.cfg.ProbeEvery) != 0 {
 		return -1
 	}
-	return c.probeArm(s)
+	return c.probeArm(s, n)
+}
+
+// ctlFeatLead is how many steps before a window that may speculate the
+// engine starts collecting the target's features again while a load runs
+// plain (featBook): the context an EAGLE draft restarts from. On the KJV
+// model a 5-token chain drafted from the last 64 rows accepted ~12% less
+// than from all of them, from 128 rows ~9% less (docs/eagle.md): a longer
+// lead buys little for the collecting steps it costs.
+const ctlFeatLead = 64
+
+// featAt is, for the plain window that starts in s, the steps left in it
+// (s.left) from which its steps collect features: those within
+// ctlFeatLead steps of a later window that may be a trial, or all of it
+// when it closes a trial's bracket (the controller may switch to the
+// spec arm after it); 0 when none. Once per window: the predictions a
+// trial needs cost tens of microseconds.
+func (c *specCtl) featAt(s *ctlState) int {
+	w := c.cfg.Window
+	if s.win != armPlain || s.prev[0].arm != armPlain && s.prev[0].n+1 == s.n {
+		return w
+	}
+	for k := 1; (k-1)*w < ctlFeatLead; k++ {
+		if c.trialArm(s, s.n+uint64(k), k*w) >= 0 {
+			return ctlFeatLead - (k-1)*w
+		}
+	}
+	return 0
+}
+
+// wantsFeatures reports whether a step that runs arm for n decoding
+// candidates (0: none; mixed: prompts in flight too) should collect the
+// target's features for the proposer: without candidates, for the prompts
+// alone; else when it speculates or its load may soon (leavesPlainSoon).
+func (c *specCtl) wantsFeatures(n, arm int, mixed bool) bool {
+	if n == 0 {
+		return mixed
+	}
+	return arm != armPlain || c.leavesPlainSoon(n)
+}
+
+// leavesPlainSoon reports whether the load of a step decoding n ≥ 1
+// sequences may speculate soon: its bucket exploits a spec arm (a plain
+// step there is a trial), runs one, or its plain window may be followed
+// by one within ctlFeatLead steps (featAt). Only then do plain steps pay
+// for the features a proposal reads. A guess that misses costs the first
+// spec step its drafts (that step is not measured: ctlObs.switched).
+func (c *specCtl) leavesPlainSoon(n int) bool {
+	s := &c.b[ctlBucket(n)]
+	switch {
+	case s.arm != armPlain || s.win != armPlain:
+		return true
+	case s.left == 0: // no window in progress: the next may be a trial
+		return c.trialArm(s, s.n+1, 0) >= 0
+	}
+	return s.left <= s.featAt
 }
 
 // allowance is how many steps trial windows may have taken by now.
@@ -333,10 +397,10 @@ func (c *specCtl) untried(s *ctlState) int {
 // exploited, the best spec arm the model does not rule out (ctlBackoff
 // times rarer while it realised under ctlBackoffBelow of plain); while a
 // spec arm is, in turn plain and the rungs next to it on the ladder.
-func (c *specCtl) probeArm(s *ctlState) int {
+func (c *specCtl) probeArm(s *ctlState, n uint64) int {
 	if s.arm == armPlain {
 		b := c.bestSpec(s, true)
-		if b < 0 || !c.pays(s, b, false) || s.ratio[b] < math.Log(ctlBackoffBelow) && s.n%uint64(c.cfg.ProbeEvery*ctlBackoff) != 0 {
+		if b < 0 || !c.pays(s, b, false) || s.ratio[b] < math.Log(ctlBackoffBelow) && n%uint64(c.cfg.ProbeEvery*ctlBackoff) != 0 {
 			return -1
 		}
 		return b

@@ -108,6 +108,7 @@ func (e *Engine) propose() {
 			n = 0 // nothing to decide: not measured
 		}
 		arm := e.ctlBegin(n, mixed)
+		e.feat.setWant(e.ctl.wantsFeatures(n, arm, mixed))
 		if arm == armPlain {
 			return
 		}

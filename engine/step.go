@@ -109,7 +109,7 @@ func (e *Engine) buildBatch(p *plan, b *executor.StepInput) {
 		b.Rope = e.rope
 	}
 	b.Moves = e.moves
-	b.Hidden = e.feat != nil
+	b.Hidden = e.feat.wants()
 	b.TopK = stepTopK(p, e.cfg.Executor != nil)
 }
 

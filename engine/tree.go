@@ -18,13 +18,6 @@ import (
 // the next step's forward pass) and the rest is truncated before the
 // blocks are hashed, so a chain is just the one-branch tree.
 
-// maxPendingFeatures bounds the feature rows a sequence holds for a
-// FeatureProposer between its drafts; past it they are handed over at
-// once (Propose with Max 0), so a sequence that stops speculating for a
-// while (the controller prefers plain steps at this load) holds no
-// growing backlog.
-const maxPendingFeatures = 256
-
 // ask fills the proposal request for s, which may carry up to max drafts
 // (0: none this step; a FeatureProposer still reads its features).
 func (ss *seqSpec) ask(s *sequence, max int, smp *sample.Sampler, dim int) *spec.Req {
