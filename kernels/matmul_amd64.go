@@ -210,7 +210,11 @@ func (o *Ops) runJobs(p *Pool, jobs []mmJob, batch int) {
 	chunk := max(1, (256<<10)/(jobs[0].w.Cols*actTile+1))
 	avx2 := o.avx2
 	p.For(total, 1, func(lo, hi int) {
-		var tmp [actTile * 16]float32
+		// A scratch tile, for the AVX2 kernels and a matrix's last, partial
+		// group only: it escapes (the kernels are called through function
+		// values), so a tile declared here would be a heap allocation per
+		// piece, on every decode step.
+		var tmp *[actTile * 16]float32
 		for t0 := 0; t0 < tiles; t0 += chunk {
 			t1 := min(tiles, t0+chunk)
 			ji, base := 0, 0
@@ -227,6 +231,9 @@ func (o *Ops) runJobs(p *Pool, jobs []mmJob, batch int) {
 				for t := t0; t < t1; t++ {
 					r0 := t * actTile
 					nt := min(actTile, batch-r0)
+					if tmp == nil && (avx2 || nr < 16) {
+						tmp = new([actTile * 16]float32)
+					}
 					if avx2 {
 						bb := cols / nb // activation bytes per row per block
 						for half := 0; half*8 < nr; half++ {
