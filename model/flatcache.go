@@ -94,9 +94,30 @@ func (f *FlatCache) Store(layer, row int, k, v []float32) {
 // so a query gets the same arithmetic alone and in any chunk.
 func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 	if f.tiles(p) {
-		f.attendTiled(layer, lo, hi, q, out, p)
+		f.attendTiled(layer, lo, hi, 0, p.NKVHead, q, out, p)
 		return
 	}
+	f.attendRows(layer, lo, hi, 0, p.NKVHead, q, out, p)
+}
+
+// AttendHeads is Attend for the KV heads [kh0, kh1) only, with the same
+// arithmetic per head, so the model can spread a decode step's heads
+// over the pool instead of reading the whole context on one core.
+func (f *FlatCache) AttendHeads(layer, lo, hi, kh0, kh1 int, q, out []float32, p AttnParams) {
+	if f.tiles(p) {
+		f.attendTiled(layer, lo, hi, kh0, kh1, q, out, p)
+		return
+	}
+	f.attendRows(layer, lo, hi, kh0, kh1, q, out, p)
+}
+
+// HeadParallel reports that any row's heads may be attended apart.
+func (f *FlatCache) HeadParallel(layer, row int) bool { return true }
+
+// attendRows is attention one query and head at a time, for KV heads
+// [kh0, kh1): the positions a query sees are contiguous, so each head is
+// one strided-row kernel call.
+func (f *FlatCache) attendRows(layer, lo, hi, kh0, kh1 int, q, out []float32, p AttnParams) {
 	hd := p.HeadDim
 	group := p.NHead / p.NKVHead
 	qd := p.NHead * hd
@@ -116,7 +137,7 @@ func (f *FlatCache) Attend(layer, lo, hi int, q, out []float32, p AttnParams) {
 		s := scores[:n0]
 		end := base + (n0-1)*f.kvd
 		qr, or := q[(r-lo)*qd:(r-lo+1)*qd], out[(r-lo)*qd:(r-lo+1)*qd]
-		for h := 0; h < p.NHead; h++ {
+		for h := kh0 * group; h < kh1*group; h++ {
 			kh := (h / group) * hd
 			f.ops.AttnScoresF32(s, qr[h*hd:(h+1)*hd], f.k[base+kh:end+kh+hd], f.kvd)
 			f.ops.ScaleF32(s, p.Scale)
@@ -140,8 +161,9 @@ func (f *FlatCache) tiles(p AttnParams) bool {
 // multiples of it, so a query's blocks are the same in every call.
 const flatBlock = 128
 
-// attendTiled is Attend over rows [lo, hi) in runs of one sequence each.
-func (f *FlatCache) attendTiled(layer, lo, hi int, q, out []float32, p AttnParams) {
+// attendTiled is Attend over rows [lo, hi) in runs of one sequence each,
+// KV heads [kh0, kh1).
+func (f *FlatCache) attendTiled(layer, lo, hi, kh0, kh1 int, q, out []float32, p AttnParams) {
 	sc, _ := f.scratch.Get().(*flatScratch)
 	if sc == nil {
 		sc = new(flatScratch)
@@ -154,7 +176,7 @@ func (f *FlatCache) attendTiled(layer, lo, hi int, q, out []float32, p AttnParam
 		for r1 < hi && f.rows[r1].seq == f.rows[r0].seq {
 			r1++
 		}
-		for kh := 0; kh < p.NKVHead; kh++ {
+		for kh := kh0; kh < kh1; kh++ {
 			f.attendRun(sc, layer, kh, f.rows[r0:r1], q[(r0-lo)*qd:], out[(r0-lo)*qd:], p)
 		}
 		r0 = r1

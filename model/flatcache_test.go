@@ -141,3 +141,53 @@ func flatRef(f *FlatCache, p AttnParams, seq int32, pos int, q []float32) []floa
 	}
 	return out
 }
+
+// TestFlatAttendHeads: attending a chunk one KV head at a time gives the
+// bits of attending all heads at once, tiled or row by row.
+func TestFlatAttendHeads(t *testing.T) {
+	for _, tc := range []struct{ nh, nkv, hd int }{{8, 4, 64}, {8, 4, 8}, {6, 6, 16}} {
+		c := &Config{NLayer: 1, NHead: tc.nh, NKVHead: tc.nkv, HeadDim: tc.hd}
+		f := newFlatCache(c, 1, 200, kernels.Best())
+		p := AttnParams{NHead: tc.nh, NKVHead: tc.nkv, HeadDim: tc.hd, Scale: 0.2}
+		rng := rand.New(rand.NewSource(int64(tc.hd)))
+		kvd, qd := tc.nkv*tc.hd, tc.nh*tc.hd
+		b := &Batch{}
+		for pos := 0; pos < 200; pos++ {
+			b.Seq, b.Pos, b.Tokens = append(b.Seq, 0), append(b.Pos, int32(pos)), append(b.Tokens, 0)
+		}
+		if err := f.Begin(b); err != nil {
+			t.Fatal(err)
+		}
+		for r := 0; r < 200; r++ {
+			f.Store(0, r, randNorm(rng, kvd), randNorm(rng, kvd))
+		}
+		q := randNorm(rng, 200*qd)
+		for _, rows := range [][2]int{{0, 200}, {150, 166}, {199, 200}} {
+			lo, hi := rows[0], rows[1]
+			all := make([]float32, (hi-lo)*qd)
+			f.Attend(0, lo, hi, q[lo*qd:hi*qd], all, p)
+			split := make([]float32, (hi-lo)*qd)
+			for kh := 0; kh < tc.nkv; kh++ {
+				f.AttendHeads(0, lo, hi, kh, kh+1, q[lo*qd:hi*qd], split, p)
+			}
+			for i := range all {
+				if math.Float32bits(all[i]) != math.Float32bits(split[i]) {
+					t.Fatalf("%+v rows %d..%d value %d: %g split by head, %g whole", tc, lo, hi, i, split[i], all[i])
+				}
+			}
+			// One head alone writes its query heads' outputs and no others.
+			nan := float32(math.NaN())
+			for i := range split {
+				split[i] = nan
+			}
+			f.AttendHeads(0, lo, hi, 1, 2, q[lo*qd:hi*qd], split, p)
+			g := tc.nh / tc.nkv
+			for i := range split {
+				h := i % qd / tc.hd
+				if mine := h/g == 1; mine != (split[i] == split[i]) || mine && split[i] != all[i] {
+					t.Fatalf("%+v: KV head 1 alone: value %d (query head %d) = %g", tc, i, h, split[i])
+				}
+			}
+		}
+	}
+}
