@@ -179,6 +179,7 @@ func TestQuantizeActsISA(t *testing.T) {
 		{kind: packQ4SM, act: actQ8_K, block: 32, k: 1},
 		{kind: packQ4SM, act: actQ8_0, block: 32, k: 1},
 		{kind: packQ8S16, act: actQ8_K, block: 16, k: 32},
+		{kind: packQ6K, act: actQ8_K, block: 16, k: 32, nodx: true},
 		{kind: packQ5C, act: actQ8_0, block: 32, k: 16},
 	}
 	asm := false
