@@ -16,10 +16,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"os/exec"
 	"pagoda/scripts/internal/proc"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -120,47 +123,52 @@ func run(args []string, out, log io.Writer) error {
 		}},
 	}
 	res := map[cell][]*bench.Result{}
+	gens := map[cell][]float64{}
 	for r := 0; r < o.rounds; r++ {
 		for _, m := range o.models {
 			for _, c := range o.concs {
 				for i := range engines {
 					e := engines[(i+r)%len(engines)]
 					fmt.Fprintf(log, "round %d %s c=%d %s\n", r+1, filepath.Base(m), c, e.name)
-					br, err := serveOnce(e, m, c, o, log)
+					br, gen, err := serveOnce(e, m, c, o, log)
 					if err != nil {
 						return fmt.Errorf("%s on %s at %d in flight: %w", e.name, m, c, err)
 					}
 					res[cell{m, c, e.name}] = append(res[cell{m, c, e.name}], br)
+					gens[cell{m, c, e.name}] = append(gens[cell{m, c, e.name}], gen)
 				}
 			}
 		}
 	}
-	report(out, o, res)
+	report(out, o, res, gens)
 	return nil
 }
 
 // serveOnce starts e's server for model m at concurrency c, runs the
-// benchmark and stops the server.
-func serveOnce(e engine, m string, c int, o options, log io.Writer) (*bench.Result, error) {
+// benchmark and stops the server. gen is the output tokens per second the
+// server generated, requests it cut short included: the client's figure
+// where none failed, else llama-server's own count from its log (NaN for
+// pagoda, whose log does not give it).
+func serveOnce(e engine, m string, c int, o options, log io.Writer) (r *bench.Result, gen float64, err error) {
 	port, err := proc.FreePort()
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	cmd := e.start(m, c, port)
 	logf, err := os.CreateTemp("", "peerserve-"+e.name+"-*.log")
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	srv, err := proc.Start(cmd)
 	if err != nil {
-		return nil, err
+		return nil, 0, err
 	}
 	defer srv.Stop()
 	base := fmt.Sprintf("http://127.0.0.1:%d", port)
 	if err := srv.WaitHealthy(base, 5*time.Minute); err != nil {
-		return nil, fmt.Errorf("%w (server log: %s)", err, logf.Name())
+		return nil, 0, fmt.Errorf("%w (server log: %s)", err, logf.Name())
 	}
 	cfg := bench.Config{
 		BaseURL: base, Endpoint: "completions", Dataset: "random", NumPrompts: o.prompts,
@@ -168,9 +176,9 @@ func serveOnce(e engine, m string, c int, o options, log io.Writer) (*bench.Resu
 		MaxConcurrency: c, Seed: 1, IgnoreEOS: true,
 	}
 	cfg.RequestRate, _ = bench.ParseRate("inf")
-	r, err := bench.Run(context.Background(), cfg)
+	r, err = bench.Run(context.Background(), cfg)
 	if err != nil {
-		return nil, fmt.Errorf("%w (server log: %s)", err, logf.Name())
+		return nil, 0, fmt.Errorf("%w (server log: %s)", err, logf.Name())
 	}
 	fmt.Fprintf(log, "  output %.1f tok/s, TTFT %.0f ms, TPOT %.1f ms, failed %d\n", r.OutputThroughput, r.MeanTTFT, r.MeanTPOT, r.Failed)
 	for _, e := range r.Errors {
@@ -179,10 +187,45 @@ func serveOnce(e engine, m string, c int, o options, log io.Writer) (*bench.Resu
 			break
 		}
 	}
+	gen = r.OutputThroughput
+	if r.Failed > 0 {
+		gen = math.NaN()
+		if e.name == "llama-server" && r.Duration > 0 {
+			if n, err := logGenerated(logf.Name(), o.in); err == nil {
+				gen = float64(n) / r.Duration
+				fmt.Fprintf(log, "  llama-server generated %d tokens, cut-off requests included: %.1f tok/s\n", n, gen)
+			}
+		}
+	}
 	if r.Failed == 0 {
 		os.Remove(logf.Name())
 	}
-	return r, nil
+	return r, gen, nil
+}
+
+// stopLine is llama-server's line for a slot that stopped: its tokens,
+// prompt and generated, less one.
+var stopLine = regexp.MustCompile(`stop processing: n_tokens = (\d+)`)
+
+// logGenerated counts the tokens llama-server generated in a run from its
+// log, requests it stopped early included (llama-server's chat parser cuts
+// a stream that ends inside a UTF-8 character, which random weights
+// produce). The first stop is the client's test request.
+func logGenerated(path string, in int) (int, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return 0, err
+	}
+	ms := stopLine.FindAllSubmatch(b, -1)
+	if len(ms) < 2 {
+		return 0, fmt.Errorf("%s: %d slot stops", path, len(ms))
+	}
+	n := 0
+	for _, m := range ms[1:] {
+		t, _ := strconv.Atoi(string(m[1]))
+		n += max(0, t-in+1)
+	}
+	return n, nil
 }
 
 // stat is a median with its range.
@@ -201,11 +244,13 @@ func summarize(xs []float64) stat {
 
 func (s stat) String() string { return fmt.Sprintf("%.1f [%.1f–%.1f]", s.med, s.lo, s.hi) }
 
-func report(w io.Writer, o options, res map[cell][]*bench.Result) {
+// report prints the table; gens (nil: not known) are the tokens per
+// second each run's server generated, cut-off requests included.
+func report(w io.Writer, o options, res map[cell][]*bench.Result, gens map[cell][]float64) {
 	fmt.Fprintf(w, "%d requests × %d in / %d out, random token prompts, EOS ignored, %d threads, %d rounds (medians [min–max])\n\n",
 		o.prompts, o.in, o.out, o.threads, o.rounds)
-	fmt.Fprintln(w, "| model | in flight | engine | output tok/s | mean TTFT ms | mean TPOT ms | failed | ratio (output) |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| model | in flight | engine | output tok/s | mean TTFT ms | mean TPOT ms | failed | ratio (output) | generated tok/s | ratio (generated) |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|")
 	pick := func(rs []*bench.Result, f func(*bench.Result) float64) stat {
 		var xs []float64
 		for _, r := range rs {
@@ -215,7 +260,7 @@ func report(w io.Writer, o options, res map[cell][]*bench.Result) {
 	}
 	for _, m := range o.models {
 		for _, c := range o.concs {
-			var base float64
+			var base, genBase float64
 			for _, name := range []string{"llama-server", "pagoda"} {
 				rs := res[cell{m, c, name}]
 				if len(rs) == 0 {
@@ -228,13 +273,28 @@ func report(w io.Writer, o options, res map[cell][]*bench.Result) {
 				for _, r := range rs {
 					failed += r.Failed
 				}
-				ratio := ""
-				if name == "llama-server" {
-					base = thr.med
-				} else if base > 0 {
-					ratio = fmt.Sprintf("%.2f", thr.med/base)
+				ratio, gen, genRatio := "", "", ""
+				g := gens[cell{m, c, name}]
+				known := len(g) == len(rs) && !slices.ContainsFunc(g, math.IsNaN)
+				var gs stat
+				if known {
+					gs = summarize(g)
+					gen = gs.String()
 				}
-				fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %d | %s |\n", filepath.Base(m), c, name, thr, ttft, tpot, failed, ratio)
+				if name == "llama-server" {
+					base, genBase = thr.med, 0
+					if known {
+						genBase = gs.med
+					}
+				} else {
+					if base > 0 {
+						ratio = fmt.Sprintf("%.2f", thr.med/base)
+					}
+					if known && genBase > 0 {
+						genRatio = fmt.Sprintf("%.2f", gs.med/genBase)
+					}
+				}
+				fmt.Fprintf(w, "| %s | %d | %s | %s | %s | %s | %d | %s | %s | %s |\n", filepath.Base(m), c, name, thr, ttft, tpot, failed, ratio, gen, genRatio)
 			}
 		}
 	}
