@@ -85,6 +85,24 @@ func (o *Ops) SoftmaxOnline(x []float32, scale, m float32) (mx, sum float32) {
 	return o.tile.softmaxOnline(&x[0], len(x), scale, m)
 }
 
+// FoldOnline folds one head's block of scores x into its running
+// softmax: m and l are the largest scaled score and the sum so far, out
+// the weighted values mixed so far, rescaled by exp(m − mx) where the
+// block raises the largest to mx. x is left holding the block's
+// exponentials, for the caller to mix into out.
+func (o *Ops) FoldOnline(x []float32, scale float32, m, l *float32, out []float32) {
+	if len(x) == 0 {
+		return
+	}
+	mx, sum := o.SoftmaxOnline(x, scale, *m)
+	if mx != *m && *l > 0 {
+		alpha := float32(math.Exp(float64(*m - mx)))
+		o.ScaleF32(out, alpha)
+		*l *= alpha
+	}
+	*m, *l = mx, *l+sum
+}
+
 // SoftmaxOnlineRef is SoftmaxOnline's reference.
 func SoftmaxOnlineRef(x []float32, scale, m float32) (mx, sum float32) {
 	mx = m

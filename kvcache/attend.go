@@ -350,17 +350,8 @@ func (a *attnCall) softmaxBlock(kh int) {
 		o := a.outOf(i, kh)
 		for j := 0; j < a.group; j++ {
 			r := i*a.group + j
-			m := sc.m[r]
-			if c1 > c0 {
-				off := a.rowOff(i, j)
-				mx, sum := kv.ops.SoftmaxOnline(sc.scores[off+c0:off+c1], a.p.Scale, m)
-				if mx != m && sc.l[r] > 0 {
-					alpha := float32(math.Exp(float64(m - mx)))
-					kv.ops.ScaleF32(o[j*a.vd:(j+1)*a.vd], alpha)
-					sc.l[r] *= alpha
-				}
-				sc.m[r], sc.l[r] = mx, sc.l[r]+sum
-			}
+			off := a.rowOff(i, j)
+			kv.ops.FoldOnline(sc.scores[off+c0:off+c1], a.p.Scale, &sc.m[r], &sc.l[r], o[j*a.vd:(j+1)*a.vd])
 			if a.rows {
 				sc.blockM = append(sc.blockM, sc.m[r])
 			}

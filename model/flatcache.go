@@ -244,14 +244,7 @@ func (f *FlatCache) block(sc *flatScratch, r int, q, o, v []float32, from, to in
 	g := len(q) / hd
 	f.ops.AttnScoresTile(sc.s, flatBlock, q, hd, sc.kt, from, to)
 	for j := range g {
-		m := sc.m[r+j]
-		mx, sum := f.ops.SoftmaxOnline(sc.s[j*flatBlock:j*flatBlock+n], p.Scale, m)
-		if mx != m && sc.l[r+j] > 0 {
-			alpha := float32(math.Exp(float64(m - mx)))
-			f.ops.ScaleF32(o[j*hd:(j+1)*hd], alpha)
-			sc.l[r+j] *= alpha
-		}
-		sc.m[r+j], sc.l[r+j] = mx, sc.l[r+j]+sum
+		f.ops.FoldOnline(sc.s[j*flatBlock:j*flatBlock+n], p.Scale, &sc.m[r+j], &sc.l[r+j], o[j*hd:(j+1)*hd])
 	}
 	f.ops.AttnMixHeadsF32(o, hd, sc.s, flatBlock, v, f.kvd, n)
 }
