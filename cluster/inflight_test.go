@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"math"
 	"net"
-	"os"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -288,17 +287,7 @@ func inflightWorkload(t *testing.T, p *Pipeline, kc kvcache.Config, vocab, seqs,
 // fastest of three runs leaves [bound − 0.02, bound + 0.12], and the
 // logits must equal those of one step at a time bit for bit.
 func TestPipelineInFlightBubble(t *testing.T) {
-	if os.Getenv("PAGODA_TIMING") == "" {
-		t.Skip("a timing measurement (set PAGODA_TIMING=1 to run it): timings are measured, not asserted, in the default suite")
-	}
-	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
-	coord, err := OpenStageShape(path, model.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer coord.Close()
-	c := &coord.Config
-	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 128}
+	path, coord, kc := simulatedPipeline(t)
 	// Four sets of three sequences in every run, so the steps are the
 	// same whatever is in flight.
 	const seqs, sets, decode = 12, 4, 11
@@ -308,11 +297,11 @@ func TestPipelineInFlightBubble(t *testing.T) {
 		for _, v := range []int{1, 2, 3, 4} {
 			var st PipelineStats
 			for range 3 {
-				p, err := ConnectPipeline(addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: 1, Timeout: time.Minute})
+				p, err := ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: 1, Timeout: time.Minute})
 				if err != nil {
 					t.Fatal(err)
 				}
-				got := inflightWorkload(t, p, kc, c.VocabSize, seqs, sets, decode, v)
+				got := inflightWorkload(t, p, kc, coord.Config.VocabSize, seqs, sets, decode, v)
 				if run := p.Stats(); st.Wall == 0 || run.Wall < st.Wall {
 					st = run
 				}

@@ -210,17 +210,7 @@ func bubbleWorkload(t *testing.T, ex executor.Executor, kc kvcache.Config, vocab
 // that the bubble (of the fastest of three runs) stays within 0.15 above
 // that bound; for whole steps the bound is 1 − 1/M.
 func TestPipelineBubbleSimulated(t *testing.T) {
-	if os.Getenv("PAGODA_TIMING") == "" {
-		t.Skip("a timing measurement (set PAGODA_TIMING=1 to run it): timings are measured, not asserted, in the default suite")
-	}
-	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
-	coord, err := OpenStageShape(path, model.Options{Threads: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer coord.Close()
-	c := &coord.Config
-	kc := kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 128}
+	path, coord, kc := simulatedPipeline(t)
 	for _, stages := range []int{2, 3} {
 		var addrs []string
 		for range stages {
@@ -238,11 +228,11 @@ func TestPipelineBubbleSimulated(t *testing.T) {
 			// ever make a run slower.
 			var st PipelineStats
 			for range 3 {
-				p, err := ConnectPipeline(addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
+				p, err := ConnectPipeline(addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
 				if err != nil {
 					t.Fatal(err)
 				}
-				bubbleWorkload(t, p, kc, c.VocabSize, 8, 16, 4)
+				bubbleWorkload(t, p, kc, coord.Config.VocabSize, 8, 16, 4)
 				if run := p.Stats(); st.Wall == 0 || run.Wall < st.Wall {
 					st = run
 				}
@@ -291,7 +281,7 @@ func TestPipelineBubble(t *testing.T) {
 			// ever make a run slower.
 			var best PipelineStats
 			for range 3 {
-				st, got := bubbleRun(t, addrs, PipelineOptions{Model: c, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
+				st, got := bubbleRun(t, addrs, PipelineOptions{Model: &coord.Config, KV: kc, Threads: 1, MicroBatches: micro, Timeout: time.Minute})
 				if want == nil {
 					want = got
 				}
@@ -414,4 +404,22 @@ func TestMicroBatches(t *testing.T) {
 			t.Errorf("%d rows, k %d, at least %d: %v, want %s", c.T, c.k, c.minRows, sizes, c.want)
 		}
 	}
+}
+
+// simulatedPipeline is the set-up of the simulated-device timing tests
+// (skipped unless PAGODA_TIMING is set): the model file, the coordinator's
+// shape of it (closed when the test ends) and its KV configuration.
+func simulatedPipeline(t *testing.T) (string, *model.Model, kvcache.Config) {
+	t.Helper()
+	if os.Getenv("PAGODA_TIMING") == "" {
+		t.Skip("a timing measurement (set PAGODA_TIMING=1 to run it): timings are measured, not asserted, in the default suite")
+	}
+	path := filepath.Join(testutil.Shared(t, "golden/models"), "g-llama-mqa.F16.gguf")
+	coord, err := OpenStageShape(path, model.Options{Threads: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { coord.Close() })
+	c := &coord.Config
+	return path, coord, kvcache.Config{NLayer: c.NLayer, NKVHead: c.NKVHead, HeadDim: c.HeadDim, BlockSize: 16, NumBlocks: 128}
 }
