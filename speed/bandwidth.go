@@ -28,19 +28,44 @@ const probeChunk = 4096
 // rates, as STREAM does. Decode reads weights the same way: once per token,
 // in order, split across the threads.
 func ReadBandwidth(p *kernels.Pool, ops *kernels.Ops, size int64, reps int) (*Bandwidth, error) {
+	rp, err := NewReadProbe(size)
+	if err != nil {
+		return nil, err
+	}
+	return rp.Run(p, ops, reps)
+}
+
+// ReadProbe is ReadBandwidth's buffer, kept for probes repeated in one
+// run (bench's paired probes): the buffer is allocated and touched once.
+type ReadProbe struct {
+	buf, y, sums []float32
+}
+
+// NewReadProbe allocates and touches a probe buffer of size bytes
+// (rounded to whole chunks).
+func NewReadProbe(size int64) (*ReadProbe, error) {
 	n := int(size / 4 / probeChunk)
-	if n < 1 || reps < 1 {
-		return nil, fmt.Errorf("speed: bandwidth probe needs at least %d bytes and one repetition", probeChunk*4)
+	if n < 1 {
+		return nil, fmt.Errorf("speed: bandwidth probe needs at least %d bytes", probeChunk*4)
 	}
-	buf := make([]float32, n*probeChunk)
-	for i := range buf {
-		buf[i] = float32(i&1023) * 1e-3 // touch every page before timing
+	rp := &ReadProbe{buf: make([]float32, n*probeChunk), y: make([]float32, probeChunk), sums: make([]float32, n)}
+	for i := range rp.buf {
+		rp.buf[i] = float32(i&1023) * 1e-3 // touch every page before timing
 	}
-	y := make([]float32, probeChunk)
-	for i := range y {
-		y[i] = 1
+	for i := range rp.y {
+		rp.y[i] = 1
 	}
-	sums := make([]float32, n)
+	return rp, nil
+}
+
+// Run streams the buffer reps times (after a warm-up pass) on every
+// thread of p and reports the best and median rates.
+func (rp *ReadProbe) Run(p *kernels.Pool, ops *kernels.Ops, reps int) (*Bandwidth, error) {
+	if reps < 1 {
+		return nil, fmt.Errorf("speed: bandwidth probe needs at least one repetition")
+	}
+	buf, y, sums := rp.buf, rp.y, rp.sums
+	n := len(sums)
 	var rates []float64
 	for r := 0; r <= reps; r++ {
 		start := time.Now()

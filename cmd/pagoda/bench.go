@@ -169,9 +169,15 @@ func pairedProbe(m *model.Model, t speed.Test, bwMiB, peakMs int) speed.Probe {
 	if bwMiB == 0 && peakMs == 0 {
 		return nil
 	}
+	var rp *speed.ReadProbe // allocated at the first decode repetition, then reused
 	return func() (gbps, macps float64, err error) {
 		if bwMiB > 0 && t.Kind == "tg" {
-			bw, err := speed.ReadBandwidth(m.Pool(), m.Ops(), int64(bwMiB)<<20, 1)
+			if rp == nil {
+				if rp, err = speed.NewReadProbe(int64(bwMiB) << 20); err != nil {
+					return 0, 0, err
+				}
+			}
+			bw, err := rp.Run(m.Pool(), m.Ops(), 1)
 			if err != nil {
 				return 0, 0, err
 			}
