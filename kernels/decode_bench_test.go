@@ -7,8 +7,9 @@ import (
 	"pagoda/quant"
 )
 
-// BenchmarkDecodeLayers times one batch-1 pass over 22 TinyLlama-shaped
-// Q4_0 layers in model order (Q/K/V and gate/up through MatMulN), so that
+// BenchmarkDecodeLayers times one batch-1 pass over TinyLlama-shaped (22
+// layers) and Qwen2.5-0.5B-shaped (24 narrow layers, whose short products
+// show per-product costs most) Q4_0 layers in model order (Q/K/V and gate/up through MatMulN), so that
 // per-product costs (prefetch ramp-up at each thread's range start, threads
 // waiting at the end of each product, TLB misses over ~500 MB of weights)
 // show up as they do in decode, which a single product hides. GB/s is
@@ -19,7 +20,15 @@ func BenchmarkDecodeLayers(b *testing.B) {
 	if testing.Short() {
 		b.Skip("builds ~500 MB of weights")
 	}
-	const layers, dim, kv, ff = 22, 2048, 256, 5632
+	for _, s := range []struct {
+		name                string
+		layers, dim, kv, ff int
+	}{{"tinyllama", 22, 2048, 256, 5632}, {"qwen", 24, 896, 128, 4864}} {
+		b.Run(s.name, func(b *testing.B) { decodeLayers(b, s.layers, s.dim, s.kv, s.ff) })
+	}
+}
+
+func decodeLayers(b *testing.B, layers, dim, kv, ff int) {
 	pool := NewPool(0)
 	defer pool.Close()
 	r := rand.New(rand.NewPCG(1, 1))

@@ -1,6 +1,7 @@
 package kernels
 
 import (
+	"math"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -45,21 +46,80 @@ type worker struct {
 	_      [64]byte
 	parked atomic.Int32 // 1 while blocked on wake
 	wake   chan struct{}
+	id     int // its span in a job; the caller's is 0
 	_      [64]byte
 }
 
 // job is one For call. A fresh one per call means a worker that wakes late
 // and loads a finished job finds nothing left to claim.
+//
+// The index range is cut into one span per thread. A thread claims pieces
+// from the front of its own span first, so in a quiet machine each thread
+// reads one forward stream of weights and the prefetchers (the hardware's
+// and the kernels' software prefetch, which runs past the end of a piece)
+// stay ahead of it from piece to piece. A thread whose span is used up
+// takes half of what is left of another's from its back end: a
+// descheduled thread holds up only the piece it is running.
 type job struct {
-	next  atomic.Int64 // first unclaimed index
-	_     [56]byte
 	left  atomic.Int64 // indexes not yet finished
 	_     [56]byte
+	spans []span
 	fn    func(lo, hi int)
-	n     int64
 	grain int64
-	floor int64 // smallest piece, a multiple of grain
-	div   int64 // a claim takes remaining/div, rounded up to grain
+	floor int64 // smallest piece a thread claims from its own span, a multiple of grain
+	spare [4]span
+}
+
+// span is the unclaimed part [lo, hi) of one thread's share, packed as
+// lo<<32 | hi so that the owner (taking from lo) and a thief (taking from
+// hi) claim with one compare-and-swap; a span on its own cache line keeps
+// owners' claims from contending.
+type span struct {
+	r atomic.Uint64
+	_ [56]byte
+}
+
+func (s *span) bounds() (v uint64, lo, hi int64) {
+	v = s.r.Load()
+	return v, int64(v >> 32), int64(v & 0xffffffff)
+}
+
+func (s *span) set(lo, hi int64) { s.r.Store(uint64(lo)<<32 | uint64(hi)) }
+
+// claimFront takes a piece from the front of the span: a quarter of what is
+// left, rounded up to grain, but at least floor.
+func (s *span) claimFront(grain, floor int64) (lo, hi int64, ok bool) {
+	for {
+		v, lo, hi := s.bounds()
+		if lo >= hi {
+			return 0, 0, false
+		}
+		c := max(floor, ((hi-lo+3)/4+grain-1)/grain*grain)
+		e := min(lo+c, hi)
+		if s.r.CompareAndSwap(v, uint64(e)<<32|uint64(hi)) {
+			return lo, e, true
+		}
+	}
+}
+
+// claimBack takes half of what is left of the span, rounded up to grain,
+// from its back end. The front stays grain-aligned because the back end is
+// either the span's end or an earlier thief's grain-aligned start.
+func (s *span) claimBack(grain int64) (lo, hi int64, ok bool) {
+	for {
+		v, lo, hi := s.bounds()
+		if lo >= hi {
+			return 0, 0, false
+		}
+		c := ((hi-lo+1)/2 + grain - 1) / grain * grain
+		b := max(lo, hi-c)
+		if b > lo {
+			b = lo + (b-lo)/grain*grain
+		}
+		if s.r.CompareAndSwap(v, uint64(lo)<<32|uint64(b)) {
+			return b, hi, true
+		}
+	}
 }
 
 // preempted is a gap in a worker's spin loop long enough to mean the OS
@@ -75,7 +135,7 @@ func NewPool(n int) *Pool {
 	}
 	p := &Pool{n: n, spin: 500 * time.Microsecond, wait: 100 * time.Microsecond, done: make(chan struct{}, 1)}
 	for i := 1; i < n; i++ {
-		w := &worker{wake: make(chan struct{}, 1)}
+		w := &worker{wake: make(chan struct{}, 1), id: i}
 		p.workers = append(p.workers, w)
 		p.wg.Add(1)
 		go p.run(w)
@@ -97,7 +157,7 @@ func (p *Pool) run(w *worker) {
 		}
 		last = p.seq.Load()
 		if j := p.job.Load(); j != nil {
-			p.work(j)
+			p.work(j, w.id)
 		}
 	}
 }
@@ -127,25 +187,38 @@ func (p *Pool) idle(w *worker, last uint32) {
 	w.parked.Store(0)
 }
 
-// work claims and runs pieces of j until none is left.
-func (p *Pool) work(j *job) {
-	for {
-		lo := j.next.Load()
-		if lo >= j.n {
-			return
-		}
-		c := (j.n - lo + j.div - 1) / j.div
-		c = max(j.floor, (c+j.grain-1)/j.grain*j.grain)
-		hi := min(lo+c, j.n)
-		if !j.next.CompareAndSwap(lo, hi) {
-			continue
-		}
-		j.fn(int(lo), int(hi))
-		if j.left.Add(lo-hi) == 0 && p.waiting.Load() == 1 {
-			select {
-			case p.done <- struct{}{}:
-			default:
+// work runs pieces of j until none is left: first from the span of thread
+// id (the caller is 0; a worker past the job's spans has none), then from
+// the other spans' back ends.
+func (p *Pool) work(j *job, id int) {
+	if id < len(j.spans) {
+		s := &j.spans[id]
+		for {
+			lo, hi, ok := s.claimFront(j.grain, j.floor)
+			if !ok {
+				break
 			}
+			p.run1(j, lo, hi)
+		}
+	}
+	for k := 1; k <= len(j.spans); k++ {
+		s := &j.spans[(id+k)%len(j.spans)]
+		for {
+			lo, hi, ok := s.claimBack(j.grain)
+			if !ok {
+				break
+			}
+			p.run1(j, lo, hi)
+		}
+	}
+}
+
+func (p *Pool) run1(j *job, lo, hi int64) {
+	j.fn(int(lo), int(hi))
+	if j.left.Add(lo-hi) == 0 && p.waiting.Load() == 1 {
+		select {
+		case p.done <- struct{}{}:
+		default:
 		}
 	}
 }
@@ -179,12 +252,34 @@ func (p *Pool) For(n, grain int, fn func(lo, hi int)) {
 		return
 	}
 	defer p.mu.Unlock()
+	if n > math.MaxUint32 {
+		// Spans pack their bounds in 32 bits; no loop here comes near.
+		for lo := 0; lo < n; lo += 1 << 30 {
+			hi := min(n, lo+1<<30)
+			p.mu.Unlock()
+			p.For(hi-lo, grain, func(a, b int) { fn(lo+a, lo+b) })
+			p.mu.Lock()
+		}
+		return
+	}
 	g := int64(grain)
-	// The floor keeps a piece worth its claim (about 16 pieces a thread
-	// at the end of the loop); the divisor hands out a quarter of what
-	// is left per thread, so a descheduled thread holds at most that.
+	// The floor keeps a piece worth its claim (about 16 pieces a thread);
+	// an owner's claims take a quarter of what is left of its span, so a
+	// descheduled thread holds at most an eighth of the loop when two
+	// threads share it.
 	floor := (int64(n)/int64(16*parts) + g - 1) / g * g
-	j := &job{fn: fn, n: int64(n), grain: g, floor: max(g, floor), div: int64(4 * parts)}
+	j := &job{fn: fn, grain: g, floor: max(g, floor)}
+	j.spans = j.spare[:0]
+	if parts > len(j.spare) {
+		j.spans = make([]span, 0, parts)
+	}
+	j.spans = j.spans[:parts]
+	units := (int64(n) + g - 1) / g
+	for i := range j.spans {
+		lo := min(int64(n), int64(i)*units/int64(parts)*g)
+		hi := min(int64(n), int64(i+1)*units/int64(parts)*g)
+		j.spans[i].set(lo, hi)
+	}
 	j.left.Store(int64(n))
 	p.job.Store(j)
 	p.seq.Add(1)
@@ -196,7 +291,7 @@ func (p *Pool) For(n, grain int, fn func(lo, hi int)) {
 			}
 		}
 	}
-	p.work(j)
+	p.work(j, 0)
 	p.finish(j)
 }
 
